@@ -32,7 +32,8 @@ class TrajectoryState(enum.Enum):
 _S = TrajectoryState
 LEGAL_TRANSITIONS: dict[TrajectoryState, frozenset[TrajectoryState]] = {
     _S.PENDING: frozenset({_S.ROUTED, _S.ABORTED}),
-    _S.ROUTED: frozenset({_S.RUNNING, _S.ROUTED, _S.ABORTED}),
+    # ROUTED -> INTERRUPTED: queued on an instance that failed, was drained or restarted.
+    _S.ROUTED: frozenset({_S.RUNNING, _S.ROUTED, _S.INTERRUPTED, _S.ABORTED}),
     _S.RUNNING: frozenset({_S.INTERRUPTED, _S.GENERATED, _S.ABORTED}),
     _S.INTERRUPTED: frozenset({_S.ROUTED, _S.RUNNING, _S.ABORTED}),
     _S.GENERATED: frozenset({_S.REWARDED, _S.ABORTED}),

@@ -1,0 +1,287 @@
+"""TrajectoryServer: every trajectory's payload outside the engines.
+
+Because prompt, tokens, both log-probs and the weight version of each token live here, an
+engine can be interrupted at any decode step and the trajectory resumed on any eligible
+instance by re-prefilling prompt + tokens so far; and a checkpoint holds every finished and
+partial trajectory, so a resumed run neither loses nor repeats work.
+
+An *entry* (the unit the staleness protocol reserves, occupies and consumes) is one prompt's
+group of G trajectories. Its V_traj is fixed at dispatch and never rises: a partial rollout
+finished on newer weights keeps the oldest version.
+
+Thread-safe: rollout instance threads append segments while the coordinator routes and the
+trainer consumes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import numpy as np
+
+from asyncrl.staleness import IllegalTransition, LifecycleTracker, TrajectoryState
+
+_S = TrajectoryState
+_STATE_FORMAT = 1
+
+
+@dataclasses.dataclass
+class TrajectoryRecord:
+    trajectory_id: int
+    entry_id: int
+    prompt_id: int
+    prompt: np.ndarray  # [P] int32
+    max_new_tokens: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour policy
+    policy_logprobs: list[float] = dataclasses.field(default_factory=list)  # temperature 1
+    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
+    finish_reason: str | None = None
+    reward: float | None = None
+    instance: int | None = None  # where it runs or last ran
+    interruptions: int = 0
+    migrations: int = 0
+
+
+@dataclasses.dataclass
+class _Group:
+    prompt_id: int
+    v_traj: int
+    members: list[int]
+
+
+class TrajectoryServer:
+    def __init__(self):
+        self._records: dict[int, TrajectoryRecord] = {}
+        self._groups: dict[int, _Group] = {}
+        self._lifecycle = LifecycleTracker()
+        self._next_trajectory_id = 0
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- groups
+
+    def add_group(self, entry_id: int, prompt_id: int, prompt: Sequence[int], group_size: int,
+                  max_new_tokens: int, v_traj: int) -> list[int]:
+        """Registers a prompt's group; returns the G new trajectory ids."""
+        with self._lock:
+            if entry_id in self._groups:
+                raise IllegalTransition(f"entry {entry_id!r}: added twice")
+            if group_size < 1:
+                raise ValueError(f"entry {entry_id!r}: group_size must be ≥ 1, got {group_size}")
+            prompt_array = np.asarray(prompt, dtype=np.int32)
+            ids = list(range(self._next_trajectory_id, self._next_trajectory_id + group_size))
+            self._next_trajectory_id += group_size
+            for trajectory_id in ids:
+                self._records[trajectory_id] = TrajectoryRecord(
+                    trajectory_id, entry_id, prompt_id, prompt_array, max_new_tokens)
+                self._lifecycle.add(trajectory_id)
+            self._groups[entry_id] = _Group(prompt_id, v_traj, ids)
+            return ids
+
+    def members(self, entry_id: int) -> list[int]:
+        with self._lock:
+            return list(self._group(entry_id).members)
+
+    def v_traj(self, entry_id: int) -> int:
+        with self._lock:
+            return self._group(entry_id).v_traj
+
+    def entries(self) -> list[int]:
+        with self._lock:
+            return list(self._groups)
+
+    def group_rewarded(self, entry_id: int) -> bool:
+        """True once every member is scored: the entry may be occupied."""
+        with self._lock:
+            return all(self._lifecycle.state(t) is _S.REWARDED for t in self._group(entry_id).members)
+
+    def occupy(self, entry_id: int) -> None:
+        with self._lock:
+            for t in self._group(entry_id).members:
+                self._lifecycle.transition(t, _S.OCCUPIED)
+
+    def consume(self, entry_id: int) -> list[TrajectoryRecord]:
+        """Hands the group to the trainer and forgets it."""
+        with self._lock:
+            group = self._groups.pop(entry_id)
+            records = []
+            for t in group.members:
+                self._lifecycle.transition(t, _S.CONSUMED)
+                self._lifecycle.forget(t)
+                records.append(self._records.pop(t))
+            return records
+
+    def abort(self, entry_id: int) -> list[int]:
+        """Drops a group (abort rule, redundancy, failed reward, no-signal filter).
+
+        Returns the members that were still live, which the caller must stop wherever they run.
+        """
+        with self._lock:
+            group = self._groups.pop(entry_id)
+            live = []
+            for t in group.members:
+                if self._lifecycle.state(t) in (_S.ROUTED, _S.RUNNING):
+                    live.append(t)
+                self._lifecycle.transition(t, _S.ABORTED)
+                self._lifecycle.forget(t)
+                del self._records[t]
+            return live
+
+    # ---------------------------------------------------------------- trajectories
+
+    def record(self, trajectory_id: int) -> TrajectoryRecord:
+        """A copy of the trajectory as it stands (safe to read while it keeps growing)."""
+        with self._lock:
+            r = self._records[trajectory_id]
+            return dataclasses.replace(r, tokens=list(r.tokens), logprobs=list(r.logprobs),
+                                       policy_logprobs=list(r.policy_logprobs),
+                                       versions=list(r.versions))
+
+    def state(self, trajectory_id: int) -> TrajectoryState:
+        return self._lifecycle.state(trajectory_id)
+
+    def in_state(self, state: TrajectoryState) -> list[int]:
+        return self._lifecycle.in_state(state)
+
+    def route(self, trajectory_id: int, instance: int) -> None:
+        with self._lock:
+            record = self._records[trajectory_id]
+            previous = self._lifecycle.state(trajectory_id)
+            self._lifecycle.transition(trajectory_id, _S.ROUTED)
+            if previous is _S.INTERRUPTED and record.instance not in (None, instance):
+                record.migrations += 1
+            record.instance = instance
+
+    def start(self, trajectory_id: int) -> None:
+        self._lifecycle.transition(trajectory_id, _S.RUNNING)
+
+    def append(self, trajectory_id: int, tokens: Sequence[int], logprobs: Sequence[float],
+               policy_logprobs: Sequence[float], versions: Sequence[int]) -> None:
+        """Adds a segment of generated tokens, each with its log-probs and weight version."""
+        if not len(tokens) == len(logprobs) == len(policy_logprobs) == len(versions):
+            raise ValueError(
+                f"trajectory {trajectory_id}: segment fields differ in length (tokens "
+                f"{len(tokens)}, logprobs {len(logprobs)}, policy_logprobs "
+                f"{len(policy_logprobs)}, versions {len(versions)})")
+        with self._lock:
+            if self._lifecycle.state(trajectory_id) is not _S.RUNNING:
+                raise IllegalTransition(
+                    f"trajectory {trajectory_id}: segment appended while "
+                    f"{self._lifecycle.state(trajectory_id).name}, not RUNNING")
+            record = self._records[trajectory_id]
+            record.tokens.extend(int(t) for t in tokens)
+            record.logprobs.extend(float(x) for x in logprobs)
+            record.policy_logprobs.extend(float(x) for x in policy_logprobs)
+            record.versions.extend(int(v) for v in versions)
+
+    def interrupt(self, trajectory_id: int) -> None:
+        with self._lock:
+            self._lifecycle.transition(trajectory_id, _S.INTERRUPTED)
+            self._records[trajectory_id].interruptions += 1
+
+    def finish(self, trajectory_id: int, finish_reason: str) -> None:
+        with self._lock:
+            self._lifecycle.transition(trajectory_id, _S.GENERATED)
+            self._records[trajectory_id].finish_reason = finish_reason
+
+    def set_reward(self, trajectory_id: int, reward: float) -> None:
+        with self._lock:
+            self._lifecycle.transition(trajectory_id, _S.REWARDED)
+            self._records[trajectory_id].reward = float(reward)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+        """(JSON metadata, flat arrays): every live trajectory, finished or partial, no pickles.
+
+        Token-level fields of all trajectories are concatenated into flat arrays; each record's
+        metadata holds its offset and length into them.
+        """
+        with self._lock:
+            meta, offset = [], 0
+            prompts, token_fields = [], {k: [] for k in ("tokens", "logprobs", "policy_logprobs", "versions")}
+            prompt_offset = 0
+            for t, r in self._records.items():
+                n = len(r.tokens)
+                meta.append({
+                    "trajectory_id": t, "entry_id": r.entry_id, "prompt_id": r.prompt_id,
+                    "state": self._lifecycle.state(t).value, "max_new_tokens": r.max_new_tokens,
+                    "prompt": [prompt_offset, len(r.prompt)], "tokens": [offset, n],
+                    "finish_reason": r.finish_reason, "reward": r.reward, "instance": r.instance,
+                    "interruptions": r.interruptions, "migrations": r.migrations,
+                })
+                prompts.append(r.prompt)
+                prompt_offset += len(r.prompt)
+                offset += n
+                for k, values in token_fields.items():
+                    values.extend(getattr(r, k))
+            json_state = {
+                "format": _STATE_FORMAT,
+                "next_trajectory_id": self._next_trajectory_id,
+                "groups": [[e, g.prompt_id, g.v_traj, g.members] for e, g in self._groups.items()],
+                "trajectories": meta,
+            }
+            arrays = {
+                "prompts": np.concatenate(prompts) if prompts else np.zeros(0, np.int32),
+                "tokens": np.asarray(token_fields["tokens"], np.int32),
+                # float64 so a restore gives back exactly the floats that were saved.
+                "logprobs": np.asarray(token_fields["logprobs"], np.float64),
+                "policy_logprobs": np.asarray(token_fields["policy_logprobs"], np.float64),
+                "versions": np.asarray(token_fields["versions"], np.int32),
+            }
+            return json_state, arrays
+
+    @classmethod
+    def from_state_dict(cls, json_state: dict[str, Any],
+                        arrays: dict[str, np.ndarray]) -> "TrajectoryServer":
+        if json_state.get("format") != _STATE_FORMAT:
+            raise ValueError(f"trajectory state: format {json_state.get('format')!r}, "
+                             f"expected {_STATE_FORMAT}")
+        server = cls()
+        try:
+            server._next_trajectory_id = json_state["next_trajectory_id"]
+            for entry_id, prompt_id, v_traj, members in json_state["groups"]:
+                server._groups[entry_id] = _Group(prompt_id, v_traj, list(members))
+            for m in json_state["trajectories"]:
+                p0, pn = m["prompt"]
+                t0, tn = m["tokens"]
+                if p0 + pn > len(arrays["prompts"]) or t0 + tn > len(arrays["tokens"]):
+                    raise ValueError(f"trajectory {m['trajectory_id']} points past the saved arrays")
+                record = TrajectoryRecord(
+                    m["trajectory_id"], m["entry_id"], m["prompt_id"],
+                    np.asarray(arrays["prompts"][p0:p0 + pn], np.int32), m["max_new_tokens"],
+                    tokens=arrays["tokens"][t0:t0 + tn].tolist(),
+                    logprobs=arrays["logprobs"][t0:t0 + tn].tolist(),
+                    policy_logprobs=arrays["policy_logprobs"][t0:t0 + tn].tolist(),
+                    versions=arrays["versions"][t0:t0 + tn].tolist(),
+                    finish_reason=m["finish_reason"], reward=m["reward"], instance=m["instance"],
+                    interruptions=m["interruptions"], migrations=m["migrations"])
+                server._records[record.trajectory_id] = record
+                server._restore_lifecycle(record.trajectory_id, _S(m["state"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"trajectory state is malformed: {type(e).__name__}: {e}") from e
+        return server
+
+    def _restore_lifecycle(self, trajectory_id: int, state: TrajectoryState) -> None:
+        # Replays a legal path to the saved state, so the tracker's rules hold after a restore.
+        # No engine holds anything after a restore: ROUTED and RUNNING work comes back
+        # INTERRUPTED, to be resumed from its saved tokens.
+        path = {
+            _S.PENDING: [], _S.ROUTED: [_S.ROUTED, _S.INTERRUPTED],
+            _S.RUNNING: [_S.ROUTED, _S.RUNNING, _S.INTERRUPTED],
+            _S.INTERRUPTED: [_S.ROUTED, _S.RUNNING, _S.INTERRUPTED],
+            _S.GENERATED: [_S.ROUTED, _S.RUNNING, _S.GENERATED],
+            _S.REWARDED: [_S.ROUTED, _S.RUNNING, _S.GENERATED, _S.REWARDED],
+            _S.OCCUPIED: [_S.ROUTED, _S.RUNNING, _S.GENERATED, _S.REWARDED, _S.OCCUPIED],
+        }[state]
+        self._lifecycle.add(trajectory_id)
+        for step in path:
+            self._lifecycle.transition(trajectory_id, step)
+
+    def _group(self, entry_id: int) -> _Group:
+        group = self._groups.get(entry_id)
+        if group is None:
+            raise IllegalTransition(f"entry {entry_id!r}: unknown to the trajectory server")
+        return group
