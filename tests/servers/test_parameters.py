@@ -1,0 +1,95 @@
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from asyncrl.servers.parameters import ParameterServer
+
+
+@pytest.fixture(scope="module")
+def meshes():
+    devices = np.array(jax.devices())
+    assert len(devices) >= 6, "tests/conftest.py should fake 8 CPU devices"
+    trainer = Mesh(devices[:2], ("fsdp",))
+    rollout = [Mesh(devices[2:4], ("tp",)), Mesh(devices[4:6], ("tp",))]
+    return trainer, rollout
+
+
+def params_on(mesh, scale):
+    tree = {"w": jnp.arange(16.0).reshape(4, 4) * scale, "b": jnp.ones(4) * scale}
+    return jax.device_put(tree, {"w": NamedSharding(mesh, P(mesh.axis_names[0])),
+                                 "b": NamedSharding(mesh, P())})
+
+
+def replicated(mesh):
+    return {"w": NamedSharding(mesh, P()), "b": NamedSharding(mesh, P())}
+
+
+def test_pull_lands_on_the_instance_mesh_with_the_pushed_values(meshes):
+    trainer, (mesh_a, _) = meshes
+    server = ParameterServer()
+    assert server.pull("a", replicated(mesh_a)) is None
+    server.push(1, params_on(trainer, 2.0))
+    version, params = server.pull("a", replicated(mesh_a))
+    assert version == 1
+    assert params["w"].sharding.device_set == set(mesh_a.devices.flat)
+    np.testing.assert_array_equal(params["w"], np.arange(16.0).reshape(4, 4) * 2)
+    assert server.pull("a", replicated(mesh_a), newer_than=1) is None
+    assert server.held_versions() == {"a": 1}
+    assert len(server.push_seconds) == 1 and len(server.pull_seconds) == 1
+
+
+def test_pushed_version_survives_the_trainer_donating_its_buffers(meshes):
+    trainer, (mesh_a, _) = meshes
+    server = ParameterServer()
+    params = params_on(trainer, 1.0)
+    server.push(1, params)
+    step = jax.jit(lambda p: jax.tree.map(lambda x: x + 100, p), donate_argnums=0)
+    params = step(params)  # the trainer's next step reuses the pushed buffers
+    _, pulled = server.pull("a", replicated(mesh_a))
+    np.testing.assert_array_equal(pulled["b"], np.ones(4))
+
+
+def test_old_versions_are_freed_and_versions_must_increase(meshes):
+    trainer, (mesh_a, mesh_b) = meshes
+    server = ParameterServer()
+    for v in range(1, 4):
+        server.push(v, params_on(trainer, float(v)))
+    assert server.stored_versions() == [3]
+    with pytest.raises(ValueError, match="push of version 3: versions must increase, latest is 3"):
+        server.push(3, params_on(trainer, 0.0))
+
+
+def test_concurrent_pulls_and_pushes_always_see_a_whole_version(meshes):
+    trainer, rollout = meshes
+    server = ParameterServer()
+    server.push(0, params_on(trainer, 0.0))
+    seen, errors = [], []
+
+    def puller(i):
+        mesh = rollout[i % 2]
+        newest = -1
+        for _ in range(20):
+            got = server.pull(i, replicated(mesh), newer_than=-1)
+            version, params = got
+            # Every leaf of a pulled tree belongs to the same version.
+            if not (np.all(np.asarray(params["b"]) == version) and
+                    np.asarray(params["w"])[0, 1] == version):
+                errors.append((version, params))
+            if version < newest:
+                errors.append(("went back", version, newest))
+            newest = version
+            seen.append(version)
+
+    threads = [threading.Thread(target=puller, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for v in range(1, 10):
+        server.push(v, params_on(trainer, float(v)))
+    for t in threads:
+        t.join()
+    assert not errors
+    assert max(seen) >= 1
