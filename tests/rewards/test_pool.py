@@ -1,0 +1,73 @@
+import time
+
+import pytest
+
+from asyncrl.rewards import REWARDS, RewardPool
+from asyncrl.rewards.registry import exact_answer
+
+HOSTILE = "tests.rewards._hostile"
+
+
+def wait_for(pool, n, limit_s=60):
+    outcomes = {}
+    deadline = time.monotonic() + limit_s
+    while len(outcomes) < n and time.monotonic() < deadline:
+        outcomes.update(pool.poll())
+        time.sleep(0.02)
+    assert len(outcomes) == n, f"only {len(outcomes)} of {n} outcomes arrived"
+    return outcomes
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with RewardPool(num_workers=2, timeout_s=1.5, plugins=(HOSTILE,)) as p:
+        yield p
+
+
+def test_scores_come_back_under_their_keys(pool):
+    pool.submit("a", "exact_answer", response="so 3 + 4 = 7", answer="7")
+    pool.submit("b", "exact_answer", response="it is 8", answer="7")
+    outcomes = wait_for(pool, 2)
+    assert outcomes["a"].reward == 1.0 and outcomes["a"].ok
+    assert outcomes["b"].reward == 0.0
+
+
+def test_a_hanging_raising_or_crashing_reward_fails_only_its_own_call(pool):
+    failures_before = pool.failures
+    pool.submit("hang", "test_sleep", seconds=60, value=1.0)
+    pool.submit("raise", "test_raise", message="bad verifier")
+    pool.submit("exit", "test_exit")
+    pool.submit("fine", "test_sleep", seconds=0, value=0.5)
+    start = time.monotonic()
+    outcomes = wait_for(pool, 4)
+    assert time.monotonic() - start < 20  # the hung call did not hold the pool up
+    assert outcomes["hang"].error == "timeout after 1.5 s" and outcomes["hang"].reward is None
+    assert outcomes["raise"].error == "ValueError: bad verifier"
+    assert outcomes["exit"].error.startswith("worker died")
+    assert outcomes["fine"].reward == 0.5
+    assert pool.failures - failures_before == 3
+    # The replaced workers serve new calls.
+    pool.submit("after", "exact_answer", response="12", answer="12")
+    assert wait_for(pool, 1)["after"].reward == 1.0
+
+
+def test_unknown_reward_name_lists_the_registered_ones(pool):
+    pool.submit("x", "exact_answr", response="1", answer="1")
+    error = wait_for(pool, 1)["x"].error
+    assert "unknown reward function 'exact_answr'" in error and "exact_answer" in error
+
+
+def test_bad_pool_settings():
+    with pytest.raises(ValueError, match="num_workers must be ≥ 1, got 0"):
+        RewardPool(num_workers=0)
+    with pytest.raises(ModuleNotFoundError):
+        RewardPool(plugins=("no.such.module",))
+
+
+@pytest.mark.parametrize("response, answer, reward", [
+    ("7", "7", 1.0), ("The answer is 1,234.", "1234", 1.0), ("-3", "-3", 1.0),
+    ("7 or maybe 8", "7", 0.0), ("no digits", "7", 0.0), ("17", "7", 0.0),
+])
+def test_exact_answer(response, answer, reward):
+    assert exact_answer(response, answer) == reward
+    assert "exact_answer" in REWARDS
