@@ -1,0 +1,80 @@
+"""Per-step metrics to a JSONL file and TensorBoard event files in the workdir.
+
+JSONL is the record tests and notebooks read back (one object per line, flushed every step so
+a killed run keeps what it logged); TensorBoard files come from tensorboardX, which writes
+them without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from typing import Any, Iterable
+
+import numpy as np
+from tensorboardX import SummaryWriter
+
+
+def _plain(value: Any) -> Any:
+    """JSON has no NaN/Inf or numpy scalars: convert, and keep non-finite values as strings."""
+    if isinstance(value, (np.generic,)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [_plain(v) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    return value
+
+
+class MetricsWriter:
+    def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl"):
+        self.workdir = pathlib.Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.path = self.workdir / filename
+        self._jsonl = self.path.open("a", encoding="utf-8")
+        self._tensorboard = SummaryWriter(str(self.workdir / "tensorboard"))
+
+    def write(self, step: int, scalars: dict[str, float],
+              histograms: dict[str, Iterable[float]] | None = None,
+              records: dict[str, Any] | None = None) -> None:
+        """`scalars` go to both sinks; `histograms` to TensorBoard as histograms and to JSONL
+        as value lists; `records` (ids, tables) to JSONL only."""
+        line = {"step": step, **scalars}
+        for name, value in scalars.items():
+            if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+                self._tensorboard.add_scalar(name, float(value), step)
+        for name, values in (histograms or {}).items():
+            values = np.asarray(list(values), dtype=np.float64)
+            line[name] = values
+            if values.size:
+                self._tensorboard.add_histogram(name, values, step)
+        line.update(records or {})
+        self._jsonl.write(json.dumps(_plain(line)) + "\n")
+        self._jsonl.flush()
+
+    def close(self) -> None:
+        self._jsonl.close()
+        self._tensorboard.close()
+
+    def __enter__(self) -> "MetricsWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
+    """Reads a metrics.jsonl back; a torn last line (the run was killed mid-write) is skipped."""
+    rows = []
+    lines = pathlib.Path(path).read_text(encoding="utf-8").splitlines()
+    for number, line in enumerate(lines, 1):
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            if number == len(lines):
+                break
+            raise ValueError(f"{path}:{number}: not a JSON object ({e})") from e
+    return rows
