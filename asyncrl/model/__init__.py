@@ -1,1 +1,58 @@
-"""asyncrl.model."""
+"""asyncrl.model: one NNX decoder for the Llama family, its loaders and chat formatting.
+
+    config = ModelConfig.tiny()
+    graphdef, params = init_params(config, seed=0)
+    logits, cache = apply(graphdef, params, tokens, positions, KVCache.init(config, B, S))
+
+    config, params, tokenizer = load_gguf(default_policy_path())
+    graphdef = graphdef_for(config)
+"""
+
+from asyncrl.model.chat import END_OF_TURN, format_chat, format_chatml, format_llama3
+from asyncrl.model.config import ARCHITECTURES, Llama3RopeScaling, ModelConfig
+from asyncrl.model.gguf_loader import load_gguf
+from asyncrl.model.loading import default_policy_path, export_hf, load_hf, load_tokenizer
+from asyncrl.model.sharding import (
+    CACHE_AXES,
+    ShardingRules,
+    auto_mesh,
+    init_sharded,
+    shardings_for,
+)
+from asyncrl.model.transformer import (
+    Decoder,
+    KVCache,
+    abstract_params,
+    apply,
+    graphdef_for,
+    init_params,
+)
+from asyncrl.model.weights import CheckpointError, hf_tensor_names
+
+__all__ = [
+    "ARCHITECTURES",
+    "CACHE_AXES",
+    "END_OF_TURN",
+    "CheckpointError",
+    "Decoder",
+    "KVCache",
+    "Llama3RopeScaling",
+    "ModelConfig",
+    "ShardingRules",
+    "abstract_params",
+    "apply",
+    "auto_mesh",
+    "default_policy_path",
+    "export_hf",
+    "format_chat",
+    "format_chatml",
+    "format_llama3",
+    "graphdef_for",
+    "hf_tensor_names",
+    "init_params",
+    "init_sharded",
+    "load_gguf",
+    "load_hf",
+    "load_tokenizer",
+    "shardings_for",
+]

@@ -1,0 +1,268 @@
+"""One Flax NNX decoder for the Llama family (Llama / SmolLM2, Qwen2, Qwen3).
+
+Shape letters, used in every einsum and `# [...]` comment of the model package:
+  B batch   T query length   S key / cache length   L layers
+  N query heads   K kv heads   G = N / K query heads per kv head   H head dim
+  D model dim     F mlp dim    V vocab
+
+Parameters carry logical axis names (`logical_axes` metadata: 'layers', 'vocab', 'embed',
+'heads', 'kv_heads', 'head_dim', 'mlp'); `sharding.shardings_for` maps them onto a mesh, so
+the same module runs FSDP on the trainer mesh and replicated / tensor-parallel on a rollout
+mesh. The layers are stored stacked (leading L axis) and run under `jax.lax.scan`, so compile
+time does not grow with depth: SmolLM2's 30 layers compile as fast as 2.
+
+Engines and trainers use the pure functions at the bottom: `init_params`, `apply`, `KVCache`.
+Params are a pytree argument, so weights can be swapped between two decode steps and pushed
+between meshes with `jax.device_put`.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from asyncrl.model.config import ModelConfig
+
+_INIT_STDDEV = 0.02  # HF's initializer_range for every family we support
+
+
+def _param(rngs: nnx.Rngs | None, shape, axes, dtype, init: str = "normal") -> nnx.Param:
+    if init == "normal":
+        value = _INIT_STDDEV * jax.random.normal(rngs.params(), shape, jnp.float32)
+    elif init == "ones":
+        value = jnp.ones(shape, jnp.float32)
+    else:
+        value = jnp.zeros(shape, jnp.float32)
+    return nnx.Param(value.astype(dtype), logical_axes=tuple(axes))
+
+
+class RMSNorm(nnx.Module):
+    """x / rms(x) * scale, normalised in float32 like HF's LlamaRMSNorm."""
+
+    def __init__(self, dim: int, eps: float, dtype, *, stack=(), stack_axes=(), axis="embed"):
+        self.eps = eps
+        self.scale = _param(None, (*stack, dim), (*stack_axes, axis), dtype, "ones")
+
+    def __call__(self, x):
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        scale = self.scale[...].reshape((1,) * (x.ndim - 1) + (-1,))  # explicit, no rank promotion
+        return scale * normed.astype(x.dtype)
+
+
+def rope_frequencies(config: ModelConfig) -> np.ndarray:
+    """inv_freq [H/2] as HF computes it, with Llama 3's low-frequency slow-down if set."""
+    h = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, h, 2, dtype=np.float32) / h))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq.astype(np.float32)
+    # transformers' _compute_llama3_parameters: wavelengths above original_max_len /
+    # low_freq_factor are divided by `factor`, below original_max_len / high_freq_factor kept,
+    # and the band between interpolated smoothly.
+    wavelen = 2 * np.pi / inv_freq
+    low_wavelen = scaling.original_max_len / scaling.low_freq_factor
+    high_wavelen = scaling.original_max_len / scaling.high_freq_factor
+    scaled = np.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = ((scaling.original_max_len / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
+def rope_angles(positions, inv_freq):
+    """sin, cos of shape [B, T, H/2] for integer positions [B, T]."""
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None, None]
+    return jnp.sin(angles), jnp.cos(angles)
+
+
+def apply_rope(x, sin, cos):
+    """HF's rotate-half layout: the pairs are (x[i], x[i + H/2]), not interleaved."""
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [B, T, N, H/2] each
+    sin, cos = sin[:, :, None, :], cos[:, :, None, :]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention with optional q/k/v bias (Qwen2) and q/k RMSNorm (Qwen3)."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, stack=(), stack_axes=()):
+        c, dt = config, config.param_dtype
+        d, n, k, h = c.hidden_dim, c.num_heads, c.num_kv_heads, c.head_dim
+        nh, kh = (*stack_axes, "heads", "head_dim"), (*stack_axes, "kv_heads", "head_dim")
+        self.config = config
+        self.q = _param(rngs, (*stack, d, n, h), (*stack_axes, "embed", *nh[-2:]), dt)
+        self.k = _param(rngs, (*stack, d, k, h), (*stack_axes, "embed", *kh[-2:]), dt)
+        self.v = _param(rngs, (*stack, d, k, h), (*stack_axes, "embed", *kh[-2:]), dt)
+        self.o = _param(rngs, (*stack, n, h, d), (*nh, "embed"), dt)
+        if c.qkv_bias:
+            self.q_bias = _param(None, (*stack, n, h), nh, dt, "zeros")
+            self.k_bias = _param(None, (*stack, k, h), kh, dt, "zeros")
+            self.v_bias = _param(None, (*stack, k, h), kh, dt, "zeros")
+        if c.qk_norm:
+            norm = dict(stack=stack, stack_axes=stack_axes, axis="head_dim")
+            self.q_norm = RMSNorm(h, c.norm_eps, dt, **norm)
+            self.k_norm = RMSNorm(h, c.norm_eps, dt, **norm)
+
+    def __call__(self, x, positions, sin, cos, cache_kv):
+        """x [B, T, D], positions [B, T]; cache_kv None or (k, v) each [B, S, K, H]."""
+        c = self.config
+        q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
+        k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
+        v = jnp.einsum("BTD,DKH->BTKH", x, self.v[...])
+        if c.qkv_bias:
+            q = q + self.q_bias[...][None, None]
+            k = k + self.k_bias[...][None, None]
+            v = v + self.v_bias[...][None, None]
+        if c.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
+
+        if cache_kv is None:
+            keys, values = k, v
+            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, S=T]
+        else:
+            cache_k, cache_v = cache_kv
+            rows = jnp.arange(x.shape[0])[:, None]
+            # mode="drop": writes at index >= S vanish instead of clamping onto the last slot.
+            keys = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
+            values = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+            cache_kv = (keys, values)
+            slots = jnp.arange(keys.shape[1])
+            mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
+
+        batch, length = x.shape[:2]
+        q = q.reshape(batch, length, c.num_kv_heads, c.num_groups, c.head_dim)
+        scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, keys.astype(q.dtype),
+                            preferred_element_type=jnp.float32) * c.head_dim ** -0.5
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, values.astype(x.dtype))
+        out = out.reshape(batch, length, c.num_heads, c.head_dim)
+        return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), cache_kv
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, stack=(), stack_axes=()):
+        d, f, dt = config.hidden_dim, config.mlp_dim, config.param_dtype
+        self.gate = _param(rngs, (*stack, d, f), (*stack_axes, "embed", "mlp"), dt)
+        self.up = _param(rngs, (*stack, d, f), (*stack_axes, "embed", "mlp"), dt)
+        self.down = _param(rngs, (*stack, f, d), (*stack_axes, "mlp", "embed"), dt)
+
+    def __call__(self, x):
+        gate = jnp.einsum("BTD,DF->BTF", x, self.gate[...])
+        up = jnp.einsum("BTD,DF->BTF", x, self.up[...])
+        return jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, self.down[...])
+
+
+class Block(nnx.Module):
+    """Pre-norm decoder layer. Built with stack=(L,) it holds all L layers' weights."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs, *, stack=(), stack_axes=()):
+        s = dict(stack=stack, stack_axes=stack_axes)
+        self.attn_norm = RMSNorm(config.hidden_dim, config.norm_eps, config.param_dtype, **s)
+        self.attn = Attention(config, rngs, **s)
+        self.mlp_norm = RMSNorm(config.hidden_dim, config.norm_eps, config.param_dtype, **s)
+        self.mlp = MLP(config, rngs, **s)
+
+    def __call__(self, x, positions, sin, cos, cache_kv):
+        attn_out, cache_kv = self.attn(self.attn_norm(x), positions, sin, cos, cache_kv)
+        x = x + attn_out
+        return x + self.mlp(self.mlp_norm(x)), cache_kv
+
+
+class Decoder(nnx.Module):
+    """Embedding, L stacked blocks, final norm, tied or untied unembedding."""
+
+    def __init__(self, config: ModelConfig, rngs: nnx.Rngs):
+        c, dt = config, config.param_dtype
+        self.config = config
+        self.embed = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
+        self.blocks = Block(c, rngs, stack=(c.num_layers,), stack_axes=("layers",))
+        self.final_norm = RMSNorm(c.hidden_dim, c.norm_eps, dt)
+        if not c.tie_embeddings:
+            # [V, D] like the embedding, so tied and untied share one unembed einsum.
+            self.lm_head = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
+
+    def __call__(self, tokens, positions, cache_kv=None):
+        """tokens, positions [B, T] int32; cache_kv None or (k, v) each [L, B, S, K, H].
+
+        Returns logits [B, T, V] float32 and the updated (k, v) (None without a cache).
+        """
+        c = self.config
+        x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, D]
+        sin, cos = rope_angles(positions, rope_frequencies(c))
+        block_def, block_params = nnx.split(self.blocks)
+
+        # Scan over the stacked leading L axis; each step rebuilds one layer's Block view.
+        def layer(x, xs):
+            params, kv = xs
+            x, kv = nnx.merge(block_def, params)(x, positions, sin, cos, kv)
+            return x, kv
+
+        x, cache_kv = jax.lax.scan(layer, x, (block_params, cache_kv))
+        x = self.final_norm(x)
+        table = self.embed[...] if c.tie_embeddings else self.lm_head[...]
+        logits = jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
+        return logits, cache_kv
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Keys and values of every layer; slot j of row b holds the token at position j."""
+
+    k: jax.Array  # [L, B, S, K, H]
+    v: jax.Array  # [L, B, S, K, H]
+
+    @classmethod
+    def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "KVCache":
+        dtype = jnp.dtype(dtype or config.param_dtype)
+        shape = (config.num_layers, batch, max_len, config.num_kv_heads, config.head_dim)
+        return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_params(config: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
+    """Random weights (HF-style N(0, 0.02), unit norms, zero biases) in config.param_dtype."""
+    return nnx.split(Decoder(config, rngs=nnx.Rngs(seed)), nnx.Param)
+
+
+def abstract_params(config: ModelConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """graphdef and a State of ShapeDtypeStructs (with logical axes), materialising nothing."""
+    return nnx.split(nnx.eval_shape(lambda: Decoder(config, rngs=nnx.Rngs(0))), nnx.Param)
+
+
+def graphdef_for(config: ModelConfig) -> nnx.GraphDef:
+    """The static half of the model, for params that came from a loader or another mesh."""
+    return abstract_params(config)[0]
+
+
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
+          cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+    """logits [B, T, V] float32 for tokens [B, T] at positions [B, T].
+
+    Without a cache: causal attention among the T tokens, by comparing positions.
+    With a cache: each token's k/v is written at slot positions[b, t] (dropped if >= S), and
+    the query at positions[b, t] attends to slots j <= positions[b, t]. Prefill is positions
+    0..T-1; decode is one token per row at its own position. Right padding at positions
+    len, len+1, ... is harmless: later decode steps overwrite those slots before any query
+    can see them.
+
+    Pure: jit it with `jax.jit(apply, static_argnums=0)` (a graphdef is hashable) and donate
+    the cache.
+    """
+    model = nnx.merge(graphdef, params)
+    cache_kv = None if cache is None else (cache.k, cache.v)
+    logits, cache_kv = model(tokens, positions, cache_kv)
+    if cache is None:
+        return logits, None
+    return logits, cache.replace(k=cache_kv[0], v=cache_kv[1])
