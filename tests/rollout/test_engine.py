@@ -1,0 +1,303 @@
+"""Engine against full recomputation without a KV cache (`apply(..., cache=None)`).
+
+Every check is teacher-forced: one cache-free forward over prompt + generated tokens gives the
+logits at every generated position, so "token i is the argmax at row i, for every i" is the
+same statement as "greedy decoding by full recomputation produces these tokens", at one
+forward per trajectory instead of one per token. Engines are built once per module.
+"""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import AxisType
+
+from asyncrl.model import ModelConfig, ShardingRules, apply, init_params, init_sharded
+from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.sampling import SamplingParams
+
+MAX_LEN = 48
+BUCKETS = (8, 16)
+CONFIG = ModelConfig.tiny()
+
+
+@pytest.fixture(scope="module")
+def model():
+    graphdef, params = init_params(CONFIG, seed=0)
+    return graphdef, params
+
+
+@pytest.fixture(scope="module")
+def full_logits(model):
+    """seq -> log-softmax [len(seq), V] of a cache-free forward (right-padded to one shape)."""
+    graphdef, _ = model
+    forward = jax.jit(lambda p, t, pos: apply(graphdef, p, t, pos)[0][0])
+
+    def run(params, seq):
+        seq = np.asarray(seq, np.int32)
+        padded = np.zeros((1, MAX_LEN), np.int32)
+        padded[0, :seq.size] = seq
+        logits = forward(params, padded, np.arange(MAX_LEN, dtype=np.int32)[None])
+        return np.asarray(jax.nn.log_softmax(logits[:seq.size]))
+
+    return run
+
+
+def _stop_probe(model, full_logits):
+    """A prompt and a token its greedy continuation emits at step 3 and not before: using that
+    token as a stop token makes the stop rule observable without knowing the weights."""
+    prompt = [1, 9, 4, 4, 7]
+    seq = list(prompt)
+    for _ in range(4):
+        seq.append(int(np.argmax(full_logits(model[1], seq)[-1])))
+    generated = seq[len(prompt):]
+    assert generated[3] not in generated[:3], "probe needs a fresh token at step 3"
+    return prompt, generated[3]
+
+
+@pytest.fixture(scope="module")
+def greedy(model, full_logits):
+    prompt, stop = _stop_probe(model, full_logits)
+    engine = Engine(model[0], CONFIG, num_slots=4, max_len=MAX_LEN, prompt_buckets=BUCKETS,
+                    sampling=SamplingParams(temperature=0.0), stop_tokens=(stop,),
+                    max_new_tokens=16, seed=0)
+    engine.stop_probe = prompt
+    return engine
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    return Engine(model[0], CONFIG, num_slots=4, max_len=MAX_LEN, prompt_buckets=BUCKETS,
+                  sampling=SamplingParams(temperature=1.0), stop_tokens=(), max_new_tokens=12,
+                  seed=5)
+
+
+def _log_softmax(x):
+    top = x.max(-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(-1, keepdims=True))
+
+
+def _prompt(rng, n):
+    return rng.integers(3, CONFIG.vocab_size, size=n).astype(np.int32)
+
+
+def _rows(traj):
+    """Rows of the full forward over prompt + tokens[:-1] that predict each generated token."""
+    start = traj.prompt.size - 1
+    return np.arange(start, start + len(traj.tokens))
+
+
+def _check_greedy(traj, full_logits, params, rows=None):
+    """Tokens are the argmax and both log-probs the full forward's, at the given rows."""
+    logp = full_logits(params, np.concatenate([traj.prompt, traj.tokens[:-1]]))
+    rows = _rows(traj) if rows is None else rows
+    which = rows - _rows(traj)[0]  # indices into the generated tokens
+    tokens = np.asarray(traj.tokens)[which]
+    np.testing.assert_array_equal(tokens, np.argmax(logp[rows], -1))
+    expected = logp[rows, tokens]
+    np.testing.assert_allclose(np.asarray(traj.policy_logprobs)[which], expected, atol=1e-4)
+    np.testing.assert_allclose(np.asarray(traj.logprobs)[which], expected, atol=1e-4)
+
+
+def _run(engine, params, state, *, version=0, steps=None):
+    """Steps until every slot is idle (or `steps` times); returns state and finished records."""
+    finished = []
+    for _ in range(steps or 10 * MAX_LEN):
+        if steps is None and not engine.running():
+            break
+        state, _ = engine.generate(params, state, version=version)
+        finished += engine.pop_finished()
+    return state, finished
+
+
+def test_greedy_with_staggered_inserts_matches_full_recomputation(model, greedy, full_logits):
+    _, params = model
+    rng = np.random.default_rng(0)
+    # Lengths straddle both buckets (8 exactly, 16 = the largest); budgets stagger the finishes.
+    requests = [(_prompt(rng, n), budget) for n, budget in
+                [(3, 6), (8, 16), (11, 9), (16, 16), (5, 7), (9, 12)]]
+    requests.append((np.asarray(greedy.stop_probe, np.int32), 16))
+    state = greedy.init_decode_state()
+    queue, finished, tid = list(requests), [], 0
+    while queue or greedy.running():
+        # Refill at most one slot per step, so inserts land at different times and reuse
+        # slots whose caches still hold an earlier trajectory's keys and values.
+        free = greedy.free_slots()
+        if queue and free:
+            prompt, budget = queue.pop(0)
+            prefix, _ = greedy.prefill(params, prompt, trajectory_id=tid, version=0,
+                                       max_new_tokens=budget)
+            state = greedy.insert(prefix, state, free[-1])
+            tid += 1
+        state, _ = greedy.generate(params, state, version=0)
+        finished += greedy.pop_finished()
+    assert sorted(t.trajectory_id for t in finished) == list(range(len(requests)))
+    for traj in finished:
+        prompt, budget = requests[traj.trajectory_id]
+        np.testing.assert_array_equal(traj.prompt, prompt)
+        _check_greedy(traj, full_logits, params)
+        assert traj.versions == [0] * len(traj.tokens)
+        # Greedy recomputation ends at the first stop token, else at the budget.
+        stops = [i for i, t in enumerate(traj.tokens) if t in greedy.stop_tokens]
+        if stops:
+            assert stops == [len(traj.tokens) - 1] and traj.finish_reason == "stop"
+        else:
+            assert len(traj.tokens) == budget and traj.finish_reason == "length"
+    probe = next(t for t in finished if t.trajectory_id == len(requests) - 1)
+    assert probe.finish_reason == "stop" and len(probe.tokens) == 4
+
+
+def test_params_swap_mid_sequence_uses_new_params_and_version(model, greedy, full_logits):
+    _, params = model
+    # New weights that differ only in the unembedding: the KV of earlier tokens is then the same
+    # under both, so full recomputation with the new weights is the exact reference.
+    assert not CONFIG.tie_embeddings
+    other = init_params(CONFIG, seed=1)[1]
+    swapped = jax.tree_util.tree_map_with_path(
+        lambda path, a, b: b if "lm_head" in jax.tree_util.keystr(path) else a, params, other)
+    prompt = _prompt(np.random.default_rng(1), 6)
+    state = greedy.init_decode_state()
+    prefix, _ = greedy.prefill(params, prompt, trajectory_id=0, version=3, max_new_tokens=14)
+    state = greedy.insert(prefix, state, 2)
+    state, _ = _run(greedy, params, state, version=3, steps=5)
+    state, (traj,) = _run(greedy, swapped, state, version=4)
+    assert traj.versions == [3] * 6 + [4] * 8
+    rows = _rows(traj)
+    _check_greedy(traj, full_logits, params, rows[:6])
+    _check_greedy(traj, full_logits, swapped, rows[6:])
+    # The swap matters: the old weights would have continued differently.
+    seq = np.concatenate([traj.prompt, traj.tokens[:-1]])
+    old_choice = np.argmax(full_logits(params, seq)[rows[6:]], -1)
+    assert not np.array_equal(old_choice, np.asarray(traj.tokens[6:]))
+
+
+def test_extract_and_resume_elsewhere_continues_the_trajectory(model, greedy, full_logits):
+    _, params = model
+    prompt = _prompt(np.random.default_rng(2), 10)
+    state = greedy.init_decode_state()
+    prefix, _ = greedy.prefill(params, prompt, trajectory_id=7, version=0, max_new_tokens=16)
+    state = greedy.insert(prefix, state, 0)
+    state, _ = _run(greedy, params, state, steps=7)
+    partial = greedy.extract(0)
+    assert partial.finish_reason is None and len(partial.tokens) == 8
+    # Keep stepping: the vacated slot must not credit the extracted record any more.
+    state, _ = _run(greedy, params, state, steps=2)
+    assert len(partial.tokens) == 8
+    # Prompt + tokens so far = 18 > the largest bucket: the resume prefills in two chunks.
+    prefix, _ = greedy.resume(params, partial, version=1)
+    state = greedy.insert(prefix, state, 3)
+    state, (traj,) = _run(greedy, params, state, version=1)
+    assert traj.trajectory_id == 7 and traj.finish_reason == "length"
+    assert traj.tokens[:8] == partial.tokens and len(traj.tokens) == 16
+    assert traj.versions == [0] * 8 + [1] * 8
+    _check_greedy(traj, full_logits, params)
+
+
+def test_same_trajectory_id_draws_same_tokens_in_any_slot_or_engine(model, sampler, full_logits):
+    graphdef, params = model
+    rng = np.random.default_rng(3)
+    prompt, others = _prompt(rng, 7), [_prompt(rng, n) for n in (4, 12, 9)]
+
+    def alone():
+        state = sampler.init_decode_state()
+        prefix, _ = sampler.prefill(params, prompt, trajectory_id=42, version=0)
+        state = sampler.insert(prefix, state, 0)
+        return _run(sampler, params, state)[1][0]
+
+    def crowded():
+        state = sampler.init_decode_state()
+        for slot, other in enumerate(others):
+            prefix, _ = sampler.prefill(params, other, trajectory_id=100 + slot, version=0)
+            state = sampler.insert(prefix, state, slot)
+        state, _ = _run(sampler, params, state, steps=3)
+        prefix, _ = sampler.prefill(params, prompt, trajectory_id=42, version=0)
+        state = sampler.insert(prefix, state, 3)
+        return next(t for t in _run(sampler, params, state)[1] if t.trajectory_id == 42)
+
+    small = Engine(graphdef, CONFIG, num_slots=2, max_len=MAX_LEN, prompt_buckets=BUCKETS,
+                   sampling=sampler.sampling, stop_tokens=(), max_new_tokens=12, seed=sampler.seed)
+    state = small.init_decode_state()
+    prefix, _ = small.prefill(params, prompt, trajectory_id=42, version=0)
+    state = small.insert(prefix, state, 1)
+    elsewhere = _run(small, params, state)[1][0]
+
+    reference = alone()
+    assert crowded().tokens == reference.tokens == elsewhere.tokens
+    # Temperature 1 without truncation samples the policy itself: both log-probs are its own.
+    logp = full_logits(params, np.concatenate([prompt, reference.tokens[:-1]]))
+    expected = logp[_rows(reference), reference.tokens]
+    np.testing.assert_allclose(reference.logprobs, expected, atol=1e-4)
+    np.testing.assert_allclose(reference.policy_logprobs, expected, atol=1e-4)
+    # And the id is what matters: another id on the same prompt draws differently.
+    state = sampler.init_decode_state()
+    prefix, _ = sampler.prefill(params, prompt, trajectory_id=43, version=0)
+    state = sampler.insert(prefix, state, 0)
+    assert _run(sampler, params, state)[1][0].tokens != reference.tokens
+
+
+def test_group_prefill_with_top_k_reports_truncated_logprobs(model, full_logits):
+    graphdef, params = model
+    sampling = SamplingParams(temperature=0.05, top_k=4)
+    engine = Engine(graphdef, CONFIG, num_slots=4, max_len=MAX_LEN, prompt_buckets=BUCKETS,
+                    sampling=sampling, stop_tokens=(), max_new_tokens=10, seed=1)
+    prompt = _prompt(np.random.default_rng(4), 12)
+    state = engine.init_decode_state()
+    # One prefill fanned out into a GRPO group of 3; slot 1 stays empty.
+    prefix, first = engine.prefill(params, prompt, trajectory_id=[10, 11, 12], version=0)
+    assert first.shape == (3,)
+    state = engine.insert(prefix, state, [3, 0, 2])
+    state, group = _run(engine, params, state)
+    assert sorted(t.trajectory_id for t in group) == [10, 11, 12]
+    assert len({tuple(t.tokens) for t in group}) == 3, "members must draw independently"
+    for traj in group:
+        logp = full_logits(params, np.concatenate([prompt, traj.tokens[:-1]]))[_rows(traj)]
+        scaled = logp / sampling.temperature  # log-softmax only shifts rows; that cancels
+        kth = np.sort(scaled, -1)[:, -sampling.top_k][:, None]
+        truncated = _log_softmax(np.where(scaled >= kth, scaled, -np.inf))
+        picked = np.arange(len(traj.tokens)), np.asarray(traj.tokens)
+        assert np.isfinite(truncated[picked]).all(), "token outside the top-k"
+        np.testing.assert_allclose(traj.logprobs, truncated[picked], atol=1e-3)
+        np.testing.assert_allclose(traj.policy_logprobs, logp[picked], atol=1e-4)
+
+
+def test_sharded_engine_matches_full_recomputation(full_logits):
+    if jax.device_count() < 2:
+        pytest.skip("needs 2 devices (tests/conftest.py fakes 8 CPU devices)")
+    # Auto axes, like the model's own tests: the model relies on GSPMD propagation.
+    mesh = jax.make_mesh((2,), ("tp",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+    rules = ShardingRules.tensor_parallel("tp")
+    graphdef, params = init_sharded(CONFIG, 0, mesh, rules)
+    engine = Engine(graphdef, CONFIG, num_slots=2, max_len=MAX_LEN, prompt_buckets=(16,),
+                    sampling=SamplingParams(temperature=0.0), stop_tokens=(), max_new_tokens=6,
+                    mesh=mesh, rules=rules)
+    state = engine.init_decode_state()
+    assert state.cache.k.sharding.spec[3] == "tp"  # kv heads split, as the rules say
+    prompt = _prompt(np.random.default_rng(5), 9)
+    prefix, _ = engine.prefill(params, prompt, trajectory_id=0, version=0)
+    state = engine.insert(prefix, state, 1)
+    state, (traj,) = _run(engine, params, state)
+    assert state.cache.k.sharding.spec[3] == "tp"  # and stay so through donation
+    _check_greedy(traj, full_logits, jax.device_get(params))
+
+
+def test_errors_name_what_was_received(model, greedy):
+    _, params = model
+    with pytest.raises(ValueError, match=r"17 tokens.*largest prompt bucket \(16\)"):
+        greedy.prefill(params, np.ones(17, np.int32), trajectory_id=0, version=0)
+    state = greedy.init_decode_state()
+    prefix, _ = greedy.prefill(params, [5, 6], trajectory_id=0, version=0, max_new_tokens=1)
+    state = greedy.insert(prefix, state, 1)
+    with pytest.raises(ValueError, match="already inserted"):
+        greedy.insert(prefix, state, 2)
+    other, _ = greedy.prefill(params, [5, 6], trajectory_id=1, version=0)
+    with pytest.raises(ValueError, match="slot 1 holds trajectory 0"):
+        greedy.insert(other, state, 1)
+    with pytest.raises(ValueError, match="2 slots"):
+        greedy.insert(other, state, [2, 3])
+    (done,) = greedy.pop_finished()  # max_new_tokens=1: finished by its first token
+    assert done.finish_reason == "length" and len(done.tokens) == 1
+    with pytest.raises(ValueError, match="already finished"):
+        greedy.resume(params, done, version=0)
+    with pytest.raises(ValueError, match="slot 1 is empty"):
+        greedy.extract(1)
+    with pytest.raises(ValueError, match=r"distinct ints in \[0, 2\*\*32\)"):
+        greedy.prefill(params, [5, 6], trajectory_id=[3, 3], version=0)
