@@ -1,6 +1,5 @@
-"""Rollout: the JetStream-style slot engine and the instances that drive it."""
+"""Rollout: the JetStream-style slot engine (engine.py), the instances that drive it
+(instance.py) and the plain records they exchange with the coordinator (messages.py).
 
-from asyncrl.rollout.engine import DecodeState, Engine, Prefix, StepResult, Trajectory
-from asyncrl.rollout.sampling import SamplingParams
-
-__all__ = ["DecodeState", "Engine", "Prefix", "SamplingParams", "StepResult", "Trajectory"]
+Nothing is imported here, so `asyncrl.rollout.messages` can be used without loading JAX.
+"""

@@ -52,6 +52,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from asyncrl.model import KVCache, ModelConfig, ShardingRules, apply, shardings_for
+from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
 
 
@@ -77,29 +78,6 @@ class StepResult:
     policy_logprobs: jax.Array  # [B] f32 log-prob at temperature 1, no truncation
     valid: jax.Array  # [B] bool: the slot was running, so this token is real
     done: jax.Array  # [B] bool: the slot is finished after this step
-
-
-@dataclasses.dataclass
-class Trajectory:
-    """Host record of one trajectory: everything needed to resume it anywhere."""
-
-    trajectory_id: int
-    prompt: np.ndarray  # [P] int32
-    max_new_tokens: int
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour
-    policy_logprobs: list[float] = dataclasses.field(default_factory=list)
-    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
-    finish_reason: str | None = None  # "stop" | "length"; None while running or interrupted
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def copy(self) -> "Trajectory":
-        return dataclasses.replace(self, tokens=list(self.tokens), logprobs=list(self.logprobs),
-                                   policy_logprobs=list(self.policy_logprobs),
-                                   versions=list(self.versions))
 
 
 @dataclasses.dataclass
@@ -361,6 +339,10 @@ class Engine:
 
     def free_slots(self) -> list[int]:
         return [s for s, record in enumerate(self._slots) if record is None]
+
+    def slot_records(self) -> list[Trajectory | None]:
+        """The record in each slot as of the last host sync; no device wait (for monitoring)."""
+        return list(self._slots)
 
     def trajectory(self, slot: int) -> Trajectory | None:
         """The live record in `slot` (up to date; not a copy)."""

@@ -120,14 +120,24 @@ class TrajectoryServer:
         """
         with self._lock:
             group = self._groups.pop(entry_id)
-            live = []
-            for t in group.members:
-                if self._lifecycle.state(t) in (_S.ROUTED, _S.RUNNING):
-                    live.append(t)
-                self._lifecycle.transition(t, _S.ABORTED)
-                self._lifecycle.forget(t)
-                del self._records[t]
-            return live
+            return [t for t in group.members if self._drop(t)]
+
+    def drop_members(self, entry_id: int, trajectory_ids: Sequence[int]) -> list[int]:
+        """Drops some members of a group (group redundancy: the surplus responses); returns
+        those still running, which the caller must stop."""
+        with self._lock:
+            group = self._group(entry_id)
+            for t in trajectory_ids:
+                group.members.remove(t)
+            return [t for t in trajectory_ids if self._drop(t)]
+
+    def _drop(self, trajectory_id: int) -> bool:
+        """Aborts and forgets one trajectory; True if an instance may still hold it."""
+        live = self._lifecycle.state(trajectory_id) in (_S.ROUTED, _S.RUNNING)
+        self._lifecycle.transition(trajectory_id, _S.ABORTED)
+        self._lifecycle.forget(trajectory_id)
+        del self._records[trajectory_id]
+        return live
 
     # ---------------------------------------------------------------- trajectories
 
@@ -154,8 +164,13 @@ class TrajectoryServer:
                 record.migrations += 1
             record.instance = instance
 
-    def start(self, trajectory_id: int) -> None:
-        self._lifecycle.transition(trajectory_id, _S.RUNNING)
+    def try_start(self, trajectory_id: int) -> bool:
+        """An instance starts generating it; False if it is gone (its entry was aborted)."""
+        with self._lock:
+            if trajectory_id not in self._records:
+                return False
+            self._lifecycle.transition(trajectory_id, _S.RUNNING)
+            return True
 
     def append(self, trajectory_id: int, tokens: Sequence[int], logprobs: Sequence[float],
                policy_logprobs: Sequence[float], versions: Sequence[int]) -> None:
@@ -175,6 +190,24 @@ class TrajectoryServer:
             record.logprobs.extend(float(x) for x in logprobs)
             record.policy_logprobs.extend(float(x) for x in policy_logprobs)
             record.versions.extend(int(v) for v in versions)
+
+    def report(self, trajectory_id: int, tokens: Sequence[int], logprobs: Sequence[float],
+               policy_logprobs: Sequence[float], versions: Sequence[int],
+               finish_reason: str | None) -> bool:
+        """An instance hands back a RUNNING trajectory: its new segment, then GENERATED (with a
+        finish reason) or INTERRUPTED (None: it stopped part-way, to resume elsewhere).
+
+        Atomic, and False if the trajectory is gone: an abort may race with the report.
+        """
+        with self._lock:
+            if trajectory_id not in self._records:
+                return False
+            self.append(trajectory_id, tokens, logprobs, policy_logprobs, versions)
+            if finish_reason is None:
+                self.interrupt(trajectory_id)
+            else:
+                self.finish(trajectory_id, finish_reason)
+            return True
 
     def interrupt(self, trajectory_id: int) -> None:
         with self._lock:

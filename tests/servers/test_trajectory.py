@@ -11,7 +11,7 @@ from asyncrl.staleness import IllegalTransition, TrajectoryState as S
 
 def run_segment(server, t, tokens, version, instance=0):
     server.route(t, instance)
-    server.start(t)
+    assert server.try_start(t)
     server.append(t, tokens, [-0.5] * len(tokens), [-0.4] * len(tokens), [version] * len(tokens))
 
 
@@ -62,7 +62,7 @@ def test_illegal_use_is_refused():
     with pytest.raises(IllegalTransition, match="illegal transition PENDING -> REWARDED"):
         server.set_reward(t, 1.0)
     server.route(t, 0)
-    server.start(t)
+    assert server.try_start(t)
     with pytest.raises(ValueError, match="segment fields differ in length"):
         server.append(t, [1, 2], [0.0], [0.0], [0])
     with pytest.raises(IllegalTransition, match="entry 0: added twice"):
@@ -103,7 +103,7 @@ def test_concurrent_segments_from_many_threads_are_all_kept():
     ids = server.add_group(0, 0, [1], group_size=8, max_new_tokens=1000, v_traj=0)
     for t in ids:
         server.route(t, 0)
-        server.start(t)
+        assert server.try_start(t)
 
     def stream(t):
         for i in range(200):

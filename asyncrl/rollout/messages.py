@@ -1,0 +1,77 @@
+"""What crosses between a rollout instance and the coordinator: plain records, no JAX.
+
+Kept apart from the engine so the coordinator can use them without importing model code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """Host record of one trajectory: everything needed to resume it anywhere."""
+
+    trajectory_id: int
+    prompt: np.ndarray  # [P] int32
+    max_new_tokens: int
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour
+    policy_logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
+    finish_reason: str | None = None  # "stop" | "length"; None while running or interrupted
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def copy(self) -> "Trajectory":
+        return dataclasses.replace(self, tokens=list(self.tokens), logprobs=list(self.logprobs),
+                                   policy_logprobs=list(self.policy_logprobs),
+                                   versions=list(self.versions))
+
+
+
+@dataclasses.dataclass
+class Work:
+    """A group to start (one prefill fanned out into its members) or one trajectory to resume."""
+
+    entry_id: int
+    trajectories: list[Trajectory]  # new members have no tokens; a resume holds one partial
+
+    @property
+    def resume(self) -> bool:
+        return len(self.trajectories) == 1 and bool(self.trajectories[0].tokens)
+
+    @property
+    def tokens(self) -> int:
+        t = self.trajectories[0]
+        return len(t.prompt) + len(t.tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    kind: str  # "finished" | "extracted" | "synced" | "failed"
+    instance: int
+    trajectories: tuple[Trajectory, ...] = ()  # finished: complete; extracted: partial
+    entry_ids: tuple[int, ...] = ()  # parallel to trajectories
+    lost_ids: tuple[int, ...] = ()  # failed: trajectory ids it held, to re-route
+    version: int = -1
+    error: BaseException | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """What the coordinator's policies see (see asyncrl.coordinator.view.InstanceView)."""
+
+    version: int
+    running: int
+    queued: int
+    kv_tokens: int
+    num_slots: int
+    syncing: bool
+    alive: bool
+    busy_s: float  # seconds spent in decode steps and prefills
+    idle_s: float  # seconds waiting for work
