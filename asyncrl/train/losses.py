@@ -1,0 +1,371 @@
+"""GRPO-family losses, chosen by name from registries.
+
+Shapes: B sequences, T tokens, G group size (responses per prompt). Every [B, T] log-prob
+array holds log π(tokens[b, t] | tokens[b, :t]) at position t, so it lines up with the
+response mask and with the per-token weight versions the engine recorded.
+
+Three policies appear in an off-policy step:
+- θ, the params being trained (``logp``, differentiable);
+- the proximal policy, the trainer's params at consume time (``proximal_logp``, no gradient).
+  The trainer takes one optimiser update per consumed batch, so it is the stop-gradient of
+  ``logp`` and costs no extra forward pass;
+- the behaviour policy, whatever weights the engine held when it sampled each token
+  (``behaviour_logp``). A partial rollout finished on newer weights mixes several versions
+  in one sequence; because the correction is per token, that needs nothing special.
+
+Which policy the clipped ratio is measured against (``old``):
+- ``dapo``, ``grpo``, ``gspo``: the behaviour policy when TIS is off (classic off-policy
+  PPO, the ratio is the importance weight); with TIS on (``tis_cap = C``) the proximal
+  policy, and the truncated weight min(π_prox / π_behaviour, C) carries the correction, as
+  in verl and slime.
+- ``decoupled_ppo`` (AReaL): always the proximal policy; the behaviour log-probs enter only
+  through the weight π_prox / π_behaviour, and tokens whose weight exceeds C are dropped
+  (AReaL's ``behav_imp_weight_cap``) rather than truncated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Generic, NamedTuple, TypeVar
+
+import jax
+import jax.numpy as jnp
+
+Entry = TypeVar("Entry")
+
+
+class Registry(Generic[Entry]):
+    """Name → entry. Errors list the registered names, so the list cannot drift."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def add(self, name: str, entry: Entry) -> None:
+        if name in self._entries:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        self._entries[name] = entry
+
+    def get(self, name: str) -> Entry:
+        if name not in self._entries:
+            raise ValueError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}")
+        return self._entries[name]
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(sorted(self._entries))
+
+
+# ---------------------------------------------------------------------------------------
+# Advantage estimators: rewards [B] (contiguous groups of G) -> advantages [B].
+# ---------------------------------------------------------------------------------------
+
+AdvantageFn = Callable[[jax.Array, int], jax.Array]
+ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+_STD_EPS = 1e-6
+
+
+def register_advantage(name: str):
+    def wrap(fn: AdvantageFn) -> AdvantageFn:
+        ADVANTAGES.add(name, fn)
+        return fn
+
+    return wrap
+
+
+def _groups(rewards: jax.Array, group_size: int) -> jax.Array:
+    (b,) = rewards.shape
+    if group_size < 2 or b % group_size:
+        raise ValueError(
+            f"group advantages need group_size >= 2 dividing the batch; received group_size="
+            f"{group_size}, batch={b}"
+        )
+    return rewards.astype(jnp.float32).reshape(b // group_size, group_size)
+
+
+@register_advantage("grpo")
+def grpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """(r - group mean) / (group std + eps); unbiased std, as in TRL and tunix."""
+    r = _groups(rewards, group_size)
+    centred = r - r.mean(axis=1, keepdims=True)
+    return (centred / (r.std(axis=1, ddof=1, keepdims=True) + _STD_EPS)).reshape(-1)
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """Dr. GRPO: r - group mean; no std division, which favours low-variance prompts."""
+    r = _groups(rewards, group_size)
+    return (r - r.mean(axis=1, keepdims=True)).reshape(-1)
+
+
+@register_advantage("rloo")
+def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
+    """r_i - mean of the other G-1 rewards = G/(G-1) · (r_i - group mean)."""
+    r = _groups(rewards, group_size)
+    scale = group_size / (group_size - 1)
+    return (scale * (r - r.mean(axis=1, keepdims=True))).reshape(-1)
+
+
+# ---------------------------------------------------------------------------------------
+# Policy losses: per-token loss, clip indicator and the importance weight actually used.
+# ---------------------------------------------------------------------------------------
+
+
+class PolicyInputs(NamedTuple):
+    logp: jax.Array  # [B, T] under θ, differentiable
+    proximal_logp: jax.Array  # [B, T] trainer params at consume time, stop-gradient
+    behaviour_logp: jax.Array  # [B, T] recorded by the engine
+    advantages: jax.Array  # [B, T] per-sequence advantage broadcast over tokens
+    mask: jax.Array  # [B, T] float, 1 on trained response tokens
+
+
+class PolicyTerms(NamedTuple):
+    loss: jax.Array  # [B, T] per-token loss, before aggregation
+    clipped: jax.Array  # [B, T] bool: the clip bound the ratio, so no gradient flows
+    is_weight: jax.Array  # [B, T] off-policy weight applied (1 where none)
+    is_truncated: jax.Array  # [B, T] bool: the raw weight exceeded the cap
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    fn: Callable[[PolicyInputs, float, float, float | None], PolicyTerms]
+    eps: tuple[float, float]  # default (ε_low, ε_high)
+    symmetric: bool  # ε_high must equal ε_low
+
+
+POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+
+
+def register_loss(name: str, *, eps: tuple[float, float], symmetric: bool = False):
+    def wrap(fn):
+        POLICY_LOSSES.add(name, PolicyLoss(fn, eps, symmetric))
+        return fn
+
+    return wrap
+
+
+def _masked(x: jax.Array, mask: jax.Array) -> jax.Array:
+    # Padding may hold -inf log-probs; zero them before exp so inf·0 never makes a NaN.
+    return jnp.where(mask > 0, x, 0.0)
+
+
+def _clip_objective(ratio, adv, eps_low, eps_high):
+    """PPO's min(r·A, clip(r)·A) written as a select, so 'clipped' is exactly no-gradient."""
+    clipped = ((adv > 0) & (ratio > 1 + eps_high)) | ((adv < 0) & (ratio < 1 - eps_low))
+    bound = jax.lax.stop_gradient(jnp.clip(ratio, 1 - eps_low, 1 + eps_high))
+    return -jnp.where(clipped, bound * adv, ratio * adv), clipped
+
+
+def _truncate(log_w, cap):
+    w = jnp.exp(log_w)
+    if cap is None:
+        return w, jnp.zeros(w.shape, bool)
+    return jnp.minimum(w, cap), w > cap
+
+
+def _reference(inp: PolicyInputs, tis_cap):
+    """The 'old' log-probs of the clip and the per-token TIS weight (see module docstring)."""
+    if tis_cap is None:
+        ones = jnp.ones_like(inp.logp)
+        return inp.behaviour_logp, ones, jnp.zeros(ones.shape, bool)
+    w, trunc = _truncate(_masked(inp.proximal_logp - inp.behaviour_logp, inp.mask), tis_cap)
+    return inp.proximal_logp, jax.lax.stop_gradient(w), trunc
+
+
+def _token_clip_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    old, w, trunc = _reference(inp, tis_cap)
+    ratio = jnp.exp(_masked(inp.logp - old, inp.mask))
+    loss, clipped = _clip_objective(ratio, inp.advantages, eps_low, eps_high)
+    return PolicyTerms(w * loss, clipped, w, trunc)
+
+
+@register_loss("dapo", eps=(0.2, 0.28))
+def dapo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    """Token-level PPO clip with clip-higher (asymmetric ε) from DAPO."""
+    return _token_clip_loss(inp, eps_low, eps_high, tis_cap)
+
+
+@register_loss("grpo", eps=(0.2, 0.2), symmetric=True)
+def grpo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    """Token-level PPO clip with one ε, as in DeepSeekMath's GRPO."""
+    return _token_clip_loss(inp, eps_low, eps_high, tis_cap)
+
+
+@register_loss("decoupled_ppo", eps=(0.2, 0.28))
+def decoupled_ppo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    """AReaL's decoupled objective: trust region around π_prox, π_prox/π_behaviour weight."""
+    ratio = jnp.exp(_masked(inp.logp - inp.proximal_logp, inp.mask))
+    loss, clipped = _clip_objective(ratio, inp.advantages, eps_low, eps_high)
+    w = jnp.exp(_masked(inp.proximal_logp - inp.behaviour_logp, inp.mask))
+    dropped = jnp.zeros(w.shape, bool) if tis_cap is None else w > tis_cap
+    w = jax.lax.stop_gradient(jnp.where(dropped, 0.0, w))
+    return PolicyTerms(w * loss, clipped, w, dropped)
+
+
+@register_loss("gspo", eps=(3e-4, 4e-4))
+def gspo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    """GSPO: one length-normalised ratio per sequence, clipped per sequence.
+
+    Written in GSPO-token form: every token carries the sequence ratio s_i as its value and
+    s_i·∇logπ_t as its gradient, which under seq-mean-token-mean aggregation equals the
+    sequence objective's gradient. The TIS weight is sequence-level too (geometric mean).
+    """
+    length = jnp.maximum(inp.mask.sum(axis=1, keepdims=True), 1.0)
+
+    def seq_mean(x):
+        return (_masked(x, inp.mask)).sum(axis=1, keepdims=True) / length
+
+    if tis_cap is None:
+        old = inp.behaviour_logp
+        w, trunc = jnp.ones_like(length), jnp.zeros(length.shape, bool)
+    else:
+        old = inp.proximal_logp
+        w, trunc = _truncate(seq_mean(inp.proximal_logp - inp.behaviour_logp), tis_cap)
+    seq_ratio = jnp.exp(seq_mean(inp.logp - old))  # [B, 1]
+    token_logp = _masked(inp.logp, inp.mask)
+    sg = jax.lax.stop_gradient
+    # Value s_i, gradient s_i·∇logπ_t.
+    ratio = sg(seq_ratio) * jnp.exp(token_logp - sg(token_logp))
+    clipped_seq = ((inp.advantages > 0) & (seq_ratio > 1 + eps_high)) | (
+        (inp.advantages < 0) & (seq_ratio < 1 - eps_low)
+    )
+    bound = jax.lax.stop_gradient(jnp.clip(seq_ratio, 1 - eps_low, 1 + eps_high))
+    loss = -jnp.where(clipped_seq, bound * inp.advantages, ratio * inp.advantages)
+    w = jax.lax.stop_gradient(jnp.broadcast_to(w, loss.shape))
+    return PolicyTerms(w * loss, clipped_seq, w, jnp.broadcast_to(trunc, loss.shape))
+
+
+# ---------------------------------------------------------------------------------------
+# Aggregation: per-token weights from the *whole* batch's mask, so micro-batches sum to
+# exactly the full-batch loss however the batch is split.
+# ---------------------------------------------------------------------------------------
+
+AggregationFn = Callable[[jax.Array], jax.Array]
+AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+
+
+def register_aggregation(name: str):
+    def wrap(fn: AggregationFn) -> AggregationFn:
+        AGGREGATIONS.add(name, fn)
+        return fn
+
+    return wrap
+
+
+@register_aggregation("token-mean")
+def _token_mean(mask: jax.Array) -> jax.Array:
+    return mask / jnp.maximum(mask.sum(), 1.0)
+
+
+@register_aggregation("seq-mean-token-mean")
+def _seq_mean_token_mean(mask: jax.Array) -> jax.Array:
+    lengths = mask.sum(axis=1, keepdims=True)
+    n_seq = jnp.maximum((lengths > 0).sum(), 1)
+    return mask / jnp.maximum(lengths, 1.0) / n_seq
+
+
+@register_aggregation("seq-mean-token-sum-norm")
+def _seq_mean_token_sum_norm(mask: jax.Array) -> jax.Array:
+    # Dr. GRPO: a constant normaliser (batch × padded length), so long answers are not
+    # down-weighted per token.
+    return mask / (mask.shape[0] * mask.shape[1])
+
+
+def aggregation_weights(mask: jax.Array, mode: str) -> jax.Array:
+    """[B, T] weights w with loss = Σ w · per_token_loss."""
+    return AGGREGATIONS.get(mode)(mask.astype(jnp.float32))
+
+
+# ---------------------------------------------------------------------------------------
+# The full objective.
+# ---------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    advantage: str = "grpo"
+    policy_loss: str = "dapo"
+    eps_low: float | None = None  # None: the loss's own default
+    eps_high: float | None = None
+    tis_cap: float | None = 2.0  # C of min(π_train/π_behaviour, C); None turns TIS off
+    kl_coef: float = 0.0  # k3 KL to the frozen reference; 0 skips the reference pass
+    entropy_coef: float = 0.0
+    aggregation: str = "token-mean"
+
+    def __post_init__(self):
+        ADVANTAGES.get(self.advantage)
+        AGGREGATIONS.get(self.aggregation)
+        loss = POLICY_LOSSES.get(self.policy_loss)
+        low, high = self.eps
+        if not 0 < low < 1 or high <= 0:
+            raise ValueError(f"need 0 < eps_low < 1 and eps_high > 0; received {low}, {high}")
+        if loss.symmetric and low != high:
+            raise ValueError(
+                f"policy loss {self.policy_loss!r} clips symmetrically; received eps_low={low}, "
+                f"eps_high={high}"
+            )
+        if self.tis_cap is not None and self.tis_cap <= 0:
+            raise ValueError(f"tis_cap must be > 0 or None; received {self.tis_cap}")
+        if self.kl_coef < 0 or self.entropy_coef < 0:
+            raise ValueError(
+                f"kl_coef and entropy_coef must be >= 0; received {self.kl_coef}, "
+                f"{self.entropy_coef}"
+            )
+
+    @property
+    def eps(self) -> tuple[float, float]:
+        low_default, high_default = POLICY_LOSSES.get(self.policy_loss).eps
+        low = low_default if self.eps_low is None else self.eps_low
+        if self.eps_high is not None:
+            return low, self.eps_high
+        symmetric = POLICY_LOSSES.get(self.policy_loss).symmetric
+        return low, low if symmetric else high_default
+
+
+def compute_advantages(cfg: LossConfig, rewards: jax.Array, group_size: int) -> jax.Array:
+    return ADVANTAGES.get(cfg.advantage)(rewards, group_size)
+
+
+def token_terms(
+    cfg: LossConfig,
+    logp: jax.Array,  # [B, T]
+    behaviour_logp: jax.Array,  # [B, T]
+    advantages: jax.Array,  # [B]
+    mask: jax.Array,  # [B, T]
+    entropy: jax.Array | None = None,  # [B, T]
+    ref_logp: jax.Array | None = None,  # [B, T], required when kl_coef > 0
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Per-token loss [B, T] (aggregate with `aggregation_weights`) and per-token diagnostics."""
+    mask = mask.astype(jnp.float32)
+    inputs = PolicyInputs(
+        logp=logp,
+        proximal_logp=jax.lax.stop_gradient(logp),
+        behaviour_logp=behaviour_logp,
+        advantages=jnp.broadcast_to(advantages[:, None], logp.shape),
+        mask=mask,
+    )
+    low, high = cfg.eps
+    terms = POLICY_LOSSES.get(cfg.policy_loss).fn(inputs, low, high, cfg.tis_cap)
+    loss = terms.loss
+    # k3 of KL(π_behaviour‖π_θ) on behaviour samples: r - 1 - log r, r = π_θ/π_behaviour.
+    log_r = _masked(jax.lax.stop_gradient(logp) - behaviour_logp, mask)
+    aux = {
+        "clipped": terms.clipped,
+        "is_weight": terms.is_weight,
+        "is_truncated": terms.is_truncated,
+        "approx_kl": jnp.exp(log_r) - 1.0 - log_r,
+    }
+    if cfg.kl_coef > 0:
+        if ref_logp is None:
+            raise ValueError("kl_coef > 0 needs the reference log-probs")
+        # Schulman's k3 estimator of KL(π_θ‖π_ref): e^d - d - 1, d = log π_ref - log π_θ;
+        # d = 0 on padding, so it adds neither KL nor gradient there.
+        d = _masked(ref_logp - logp, mask)
+        kl = jnp.exp(d) - d - 1.0
+        loss = loss + cfg.kl_coef * kl
+        aux["kl_ref"] = jax.lax.stop_gradient(kl)
+    if entropy is not None:
+        if cfg.entropy_coef > 0:
+            loss = loss - cfg.entropy_coef * entropy
+        aux["entropy"] = jax.lax.stop_gradient(entropy)
+    return loss, aux

@@ -1,0 +1,325 @@
+"""The train step: one consumed buffer in, one optimiser update and its metrics out.
+
+    mesh = trainer_mesh(jax.devices()[:2])
+    trainer = Trainer.create(TrainConfig(), ModelConfig.tiny(), mesh, group_size=4)
+    state, metrics = trainer.step(trainer.init_state(), trainer.put_batch(batch))
+
+`Trainer.step` is `train_step(state, batch) -> (state, metrics)`: pure, jitted once with
+explicit shardings, the state donated. Shapes: B sequences (a multiple of the group size G
+and of the micro-batch count M), T tokens.
+
+Mesh: FSDP over one named axis, 'fsdp'. The model's logical 'embed' axis and the batch are
+split over it (`ShardingRules.fsdp`), so each device holds 1/n of every weight and of every
+micro-batch; the same code runs unchanged on a 1-device mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from asyncrl.model import (
+    ModelConfig, ShardingRules, abstract_params, apply, init_params, shardings_for,
+)
+from asyncrl.train import losses
+from asyncrl.train.losses import LossConfig, Registry
+
+FSDP = "fsdp"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    loss: LossConfig = LossConfig()
+    learning_rate: float = 1e-6
+    schedule: str = "constant"  # name in SCHEDULES; linear warmup first in both
+    warmup_steps: int = 0
+    total_steps: int = 1000  # where cosine reaches its floor
+    min_lr_ratio: float = 0.1  # cosine floor as a fraction of the peak
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    adam_eps: float = 1e-8
+    max_grad_norm: float = 1.0
+    num_microbatches: int = 1  # M: gradient accumulation, so B does not set the memory
+    seed: int = 0
+
+    def __post_init__(self):
+        SCHEDULES.get(self.schedule)
+        for name in ("warmup_steps", "total_steps", "num_microbatches"):
+            value = getattr(self, name)
+            if value < (0 if name == "warmup_steps" else 1):
+                raise ValueError(f"TrainConfig.{name} out of range; received {value}")
+        if self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})"
+            )
+        if not self.learning_rate > 0 or not self.max_grad_norm > 0:
+            raise ValueError(
+                f"learning_rate and max_grad_norm must be > 0; received {self.learning_rate}, "
+                f"{self.max_grad_norm}"
+            )
+
+
+SCHEDULES: Registry[Any] = Registry("learning-rate schedule")
+SCHEDULES.add(
+    "constant",
+    lambda c: optax.join_schedules(
+        [optax.linear_schedule(0.0, c.learning_rate, max(c.warmup_steps, 1)),
+         optax.constant_schedule(c.learning_rate)],
+        [c.warmup_steps],
+    ),
+)
+SCHEDULES.add(
+    "cosine",
+    lambda c: optax.warmup_cosine_decay_schedule(
+        0.0, c.learning_rate, c.warmup_steps, c.total_steps, c.learning_rate * c.min_lr_ratio
+    ),
+)
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    def decay_mask(params):
+        # No weight decay on norm scales: decaying them towards 0 shrinks every activation.
+        return jax.tree_util.tree_map_with_path(
+            lambda path, _: "norm" not in jax.tree_util.keystr(path), params
+        )
+
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_grad_norm),
+        optax.adamw(
+            SCHEDULES.get(config.schedule)(config),
+            b1=config.b1, b2=config.b2, eps=config.adam_eps,
+            weight_decay=config.weight_decay, mask=decay_mask,
+        ),
+    )
+
+
+@flax.struct.dataclass
+class TrainBatch:
+    """One consumed buffer, flattened to sequences. Log-probs are of tokens[b, t] at t."""
+
+    tokens: jax.Array  # [B, T] int32, prompt + response, right-padded
+    positions: jax.Array  # [B, T] int32
+    loss_mask: jax.Array  # [B, T] float32, 1 on generated tokens to train on (never t = 0)
+    behaviour_logp: jax.Array  # [B, T] float32, engine log-prob of tokens[b, t]
+    token_versions: jax.Array  # [B, T] int32, weight version that generated tokens[b, t]
+    rewards: jax.Array  # [B] float32
+    v_traj: jax.Array  # [B] int32, the entry's dispatch version
+    buffer_version: jax.Array  # [] int32, the buffer consumed = the trainer's version
+    # Static: it fixes the [B/G, G] reshape of the advantage estimator and is a run
+    # constant, so it never retraces the step.
+    group_size: int = flax.struct.field(pytree_node=False)
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array  # [] int32, optimiser updates done = the policy version
+    params: Any  # nnx.State
+    opt_state: Any
+    rng: jax.Array  # [2] uint32; kept for the loop and the checkpoint, unused by the loss
+    ref_params: Any = None  # frozen reference for the KL term; None when kl_coef == 0
+
+
+def trainer_mesh(devices) -> Mesh:
+    return Mesh(np.asarray(devices), (FSDP,))
+
+
+def batch_shardings(mesh: Mesh, group_size: int) -> TrainBatch:
+    rows, one = NamedSharding(mesh, P(FSDP)), NamedSharding(mesh, P())
+    return TrainBatch(rows, rows, rows, rows, rows, rows, rows, one, group_size=group_size)
+
+
+def _token_logprobs(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """log π(tokens[:, t]) and the entropy at t, [B, T]; t = 0 has no prediction, so 0."""
+    logz = jax.nn.log_softmax(logits[:, :-1], axis=-1)  # [B, T-1, V]
+    taken = jnp.take_along_axis(logz, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -(jnp.exp(logz) * logz).sum(-1)
+    pad = jnp.zeros_like(taken[:, :1])
+    return jnp.concatenate([pad, taken], 1), jnp.concatenate([pad, entropy], 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+    """Holds what the step closes over: configs, graphdef, mesh, shardings, optimiser."""
+
+    config: TrainConfig
+    model_config: ModelConfig
+    mesh: Mesh
+    graphdef: Any
+    state_shardings: TrainState
+    tx: optax.GradientTransformation
+    step: Any  # the jitted train_step(state, batch) -> (state, metrics)
+    init_fn: Any  # jitted (params | None) -> TrainState, compiled once per kind of argument
+    group_size: int
+
+    @classmethod
+    def create(cls, config: TrainConfig, model_config: ModelConfig, mesh: Mesh, group_size: int):
+        tx = make_optimizer(config)
+        graphdef, abstract = abstract_params(model_config)
+        rules = ShardingRules.fsdp(FSDP)
+        param_sh = shardings_for(abstract, mesh, rules)
+        # Adam's moments inherit the params' logical axes, so they shard the same way.
+        opt_sh = shardings_for(jax.eval_shape(tx.init, abstract), mesh, rules)
+        scalar = NamedSharding(mesh, P())
+        state_sh = TrainState(
+            step=scalar, params=param_sh, opt_state=opt_sh, rng=scalar,
+            ref_params=param_sh if config.loss.kl_coef > 0 else None,
+        )
+        fn = _make_step_fn(config, graphdef, tx, mesh, param_sh)
+        # Donating the state lets XLA update params and Adam moments in place: without it
+        # the step holds two copies of the optimiser state at its peak.
+        step = jax.jit(
+            fn,
+            in_shardings=(state_sh, batch_shardings(mesh, group_size)),
+            out_shardings=(state_sh, scalar),
+            donate_argnums=0,
+        )
+        return cls(config, model_config, mesh, graphdef, state_sh, tx, step,
+                   _make_init_fn(config, model_config, tx, state_sh), group_size)
+
+    def init_state(self, params=None) -> TrainState:
+        """A fresh state, built straight into its shards (nothing lands on device 0 first).
+
+        `params`: start from these weights (e.g. loaded from HF) instead of a random init.
+        """
+        if params is not None:  # host or foreign-mesh weights: an explicit, intended copy
+            params = jax.device_put(params, self.state_shardings.params)
+        return self.init_fn(params)
+
+    def abstract_state(self) -> TrainState:
+        """ShapeDtypeStructs with shardings: the restore target of a checkpoint."""
+        shapes = jax.eval_shape(self.init_state)
+        return jax.tree.map(
+            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+            shapes, self.state_shardings,
+        )
+
+    def put_batch(self, batch: TrainBatch) -> TrainBatch:
+        """Host arrays → the trainer mesh, rows split over 'fsdp' (an intended transfer)."""
+        if batch.group_size != self.group_size:
+            raise ValueError(
+                f"batch.group_size={batch.group_size}, but the trainer was built for "
+                f"group_size={self.group_size}"
+            )
+        return jax.device_put(batch, batch_shardings(self.mesh, self.group_size))
+
+
+def _make_init_fn(config: TrainConfig, model_config: ModelConfig, tx, state_sh):
+    with_ref = config.loss.kl_coef > 0
+
+    def init(params):
+        if params is None:
+            params = init_params(model_config, config.seed)[1]
+        return TrainState(
+            step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+            rng=jax.random.PRNGKey(config.seed), ref_params=params if with_ref else None,
+        )
+
+    return jax.jit(init, out_shardings=state_sh)
+
+
+def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh):
+    loss_cfg = config.loss
+    m = config.num_microbatches
+
+    def microbatches(x):
+        """[B, ...] → [M, B/M, ...] with micro-batch k = rows k, k+M, ...
+
+        Strided, not contiguous: each device holds a contiguous block of rows, so every
+        micro-batch keeps an equal share on every device and no rows move.
+        """
+        b = x.shape[0]
+        if b % m:
+            raise ValueError(f"batch of {b} sequences does not split into {m} micro-batches")
+        x = x.reshape(b // m, m, *x.shape[1:]).swapaxes(0, 1)
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, FSDP)))
+
+    def micro_loss(params, ref_params, mb):
+        tokens, positions, mask, behaviour, adv, agg_w = mb
+        logits, _ = apply(graphdef, params, tokens, positions)
+        logp, entropy = _token_logprobs(logits, tokens)
+        ref_logp = None
+        if ref_params is not None:
+            ref_logits, _ = apply(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions)
+            ref_logp = _token_logprobs(ref_logits, tokens)[0]
+        per_token, aux = losses.token_terms(loss_cfg, logp, behaviour, adv, mask, entropy, ref_logp)
+        loss = (per_token * agg_w).sum()
+        sums = {k: jnp.where(mask > 0, v, 0.0).sum() for k, v in aux.items() if k != "is_weight"}
+        # An infinite log-ratio is truncated to a finite weight, but it still means the engine
+        # or the trainer produced a NaN/Inf log-prob for a trained token: count it as well.
+        finite = jnp.isfinite(aux["is_weight"]) & jnp.isfinite(logp - behaviour)
+        sums["is_weight_nonfinite"] = jnp.where(mask > 0, ~finite, False).sum().astype(jnp.float32)
+        return loss, (sums, aux["is_weight"])
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def train_step(state: TrainState, batch: TrainBatch):
+        mask = batch.loss_mask.astype(jnp.float32).at[:, 0].set(0.0)  # t = 0 has no prediction
+        adv = losses.compute_advantages(loss_cfg, batch.rewards, batch.group_size)
+        # Weights from the whole batch's mask: the micro-batch losses then sum to the
+        # full-batch loss exactly, whatever M is.
+        agg_w = losses.aggregation_weights(mask, loss_cfg.aggregation)
+        per_row = (batch.tokens, batch.positions, mask, batch.behaviour_logp, adv, agg_w)
+        xs = tuple(map(microbatches, per_row))
+
+        def accumulate(carry, mb):
+            grads, loss, sums = carry
+            (l, (s, w)), g = grad_fn(state.params, state.ref_params, mb)
+            # Pinned to the params' shards: an unconstrained carry may be replicated, and a
+            # replicated gradient buffer is exactly the memory FSDP exists to avoid.
+            grads = jax.lax.with_sharding_constraint(jax.tree.map(jnp.add, grads, g), param_sh)
+            return (grads, loss + l, jax.tree.map(jnp.add, sums, s)), w
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        zeros = jax.lax.with_sharding_constraint(zeros, param_sh)
+        first = jax.tree.map(lambda x: x[0], xs)
+        (_, (sums0, _)), _ = jax.eval_shape(grad_fn, state.params, state.ref_params, first)
+        init = (zeros, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
+        (grads, loss, sums), weights = jax.lax.scan(accumulate, init, xs)
+
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        metrics = _metrics(config, state.step, loss, grads, sums, weights, xs[2], mask, batch)
+        return new_state, metrics
+
+    return train_step
+
+
+def _metrics(config, step, loss, grads, sums, weights, micro_mask, mask, batch) -> dict[str, Any]:
+    n_tok = jnp.maximum(mask.sum(), 1.0)
+    on = micro_mask > 0  # [M, B/M, T], lined up with the stacked weights
+    w = jnp.where(on, weights, jnp.nan)
+    q50, q90, q99 = jnp.nanquantile(w, jnp.array([0.5, 0.9, 0.99]))
+    seq_lag = (batch.buffer_version - batch.v_traj).astype(jnp.float32)
+    tok_lag = (batch.buffer_version - batch.token_versions).astype(jnp.float32)
+    tok_lag = jnp.where(mask > 0, tok_lag, jnp.nan)
+    out = {
+        "loss": loss,
+        "grad_norm": optax.tree.norm(grads),
+        "learning_rate": SCHEDULES.get(config.schedule)(config)(step),
+        "clip_frac": sums["clipped"] / n_tok,
+        "is_weight_p50": q50,
+        "is_weight_p90": q90,
+        "is_weight_p99": q99,
+        "is_weight_max": jnp.nanmax(w),
+        "is_truncated_frac": sums["is_truncated"] / n_tok,
+        "is_weight_nonfinite": sums["is_weight_nonfinite"],
+        "approx_kl": sums["approx_kl"] / n_tok,
+        "entropy": sums["entropy"] / n_tok,
+        "staleness_mean": seq_lag.mean(),
+        "staleness_max": seq_lag.max(),
+        "token_lag_mean": jnp.nanmean(tok_lag),
+        "token_lag_max": jnp.nanmax(tok_lag),
+        "trained_tokens": mask.sum(),
+    }
+    if "kl_ref" in sums:
+        out["kl_ref"] = sums["kl_ref"] / n_tok
+    return out

@@ -1,0 +1,124 @@
+"""The train step: matches a plain full-batch computation, shards, donates, fails loudly."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from asyncrl.model import apply
+from asyncrl.train import losses
+from asyncrl.train.metrics import LateMetrics
+from asyncrl.train.trainer import FSDP, Trainer, TrainConfig, _token_logprobs, trainer_mesh
+from tests.train.helpers import CONFIG, MODEL, G, make_batch
+
+
+
+def reference_loss(params, batch):
+    """The loss of the whole batch in one plain pass (at step 0, the reference = params)."""
+    logits, _ = apply(*params, batch.tokens, batch.positions)
+    logp, entropy = _token_logprobs(logits, batch.tokens)
+    mask = np.asarray(batch.loss_mask)
+    adv = losses.compute_advantages(CONFIG.loss, jnp.asarray(batch.rewards), G)
+    per_token, _ = losses.token_terms(CONFIG.loss, logp, jnp.asarray(batch.behaviour_logp), adv, mask, entropy, logp)
+    return float((per_token * losses.aggregation_weights(jnp.asarray(mask), CONFIG.loss.aggregation)).sum())
+
+
+@pytest.fixture(scope="module")
+def two_steps(trainer):
+    """2 devices × 2 micro-batches, and 1 device × 1 micro-batch, from the same init."""
+    single = Trainer.create(
+        dataclasses.replace(CONFIG, num_microbatches=1), MODEL, trainer_mesh(jax.devices()[2:3]), G
+    )
+    batches = [make_batch(0), make_batch(1)]
+    out = {}
+    init_params = jax.device_get(trainer.init_state().params)
+    for name, tr in (("fsdp", trainer), ("single", single)):
+        # From host params: the same init, and no second compile of the random init.
+        state = tr.init_state(init_params)
+        metrics = []
+        for batch in batches:
+            state, m = tr.step(state, tr.put_batch(batch))
+            metrics.append(jax.device_get(m))
+        out[name] = (init_params, state, metrics)
+    return out, batches, trainer.graphdef
+
+
+def test_first_loss_equals_plain_full_batch_loss(two_steps):
+    out, batches, graphdef = two_steps
+    init_params, _, metrics = out["fsdp"]
+    want = reference_loss((graphdef, init_params), batches[0])
+    np.testing.assert_allclose(float(metrics[0]["loss"]), want, rtol=1e-4, atol=1e-6)
+
+
+def test_microbatched_fsdp_step_matches_single_device(two_steps):
+    out, _, _ = two_steps
+    fsdp_params, single_params = (jax.device_get(out[k][1].params) for k in ("fsdp", "single"))
+    assert not np.allclose(jax.tree.leaves(fsdp_params)[0], jax.tree.leaves(out["fsdp"][0])[0])  # it moved
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6), fsdp_params, single_params)
+    for key in ("loss", "grad_norm", "clip_frac", "approx_kl", "kl_ref", "entropy", "is_weight_p90"):
+        np.testing.assert_allclose(out["fsdp"][2][1][key], out["single"][2][1][key], rtol=1e-4, atol=1e-6)
+
+
+def test_params_and_moments_shard_over_fsdp(two_steps):
+    state = two_steps[0]["fsdp"][1]
+    q = state.params["blocks"]["attn"]["q"].get_value()
+    assert FSDP in q.sharding.spec and len(q.sharding.device_set) == 2
+    assert q.addressable_shards[0].data.shape[1] == MODEL.hidden_dim // 2
+    mu = jax.tree.leaves(state.opt_state)[1]
+    assert len(mu.sharding.device_set) == 2 and FSDP in mu.sharding.spec
+
+
+def test_compiles_once_and_donates_the_state(trainer):
+    state = trainer.init_state()
+    for seed in range(3):
+        old = state
+        state, _ = trainer.step(state, trainer.put_batch(make_batch(seed, version=seed)))
+        assert all(leaf.is_deleted() for leaf in jax.tree.leaves(old.params))
+    assert trainer.step._cache_size() == 1
+    assert int(state.step) == 3
+
+
+def test_staleness_and_weight_metrics(trainer):
+    batch = make_batch(5, version=4)
+    _, m = trainer.step(trainer.init_state(), trainer.put_batch(batch))
+    m = jax.device_get(m)
+    lag = 4 - batch.v_traj
+    on = batch.loss_mask > 0
+    tok_lag = (4 - batch.token_versions)[on]
+    assert m["staleness_mean"] == pytest.approx(lag.mean()) and m["staleness_max"] == lag.max()
+    assert m["token_lag_mean"] == pytest.approx(tok_lag.mean()) and m["token_lag_max"] == tok_lag.max()
+    assert m["trained_tokens"] == on[:, 1:].sum()
+    cap = CONFIG.loss.tis_cap
+    assert m["is_weight_p50"] <= m["is_weight_p90"] <= m["is_weight_p99"] <= m["is_weight_max"] <= cap
+    assert 0 < m["is_truncated_frac"] < 1 and m["is_weight_nonfinite"] == 0
+    assert m["learning_rate"] == 0.0  # step 0 of the warm-up
+
+
+@pytest.mark.parametrize(
+    "corrupt, quantity",
+    [
+        (lambda b: b.behaviour_logp.__setitem__((2, 9), np.nan), "importance weight"),
+        (lambda b: b.rewards.__setitem__(1, np.inf), "loss"),
+    ],
+)
+def test_non_finite_values_raise_naming_step_and_quantity(trainer, corrupt, quantity):
+    late = LateMetrics()
+    state = trainer.init_state()
+    state, m = trainer.step(state, trainer.put_batch(make_batch(0, version=0)))
+    assert late.push(1, m) is None
+    bad = make_batch(1, version=1)
+    corrupt(bad)
+    state, m = trainer.step(state, trainer.put_batch(bad))
+    step, good = late.push(2, m)  # step 1 read one step late, and fine
+    assert step == 1 and np.isfinite(good["loss"])
+    with pytest.raises(FloatingPointError, match=f"step 2: {quantity}"):
+        late.flush()
+
+
+def test_bad_configs_say_what_was_received():
+    with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: constant, cosine"):
+        TrainConfig(schedule="linear")
+    with pytest.raises(ValueError, match="num_microbatches"):
+        TrainConfig(num_microbatches=0)
