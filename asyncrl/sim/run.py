@@ -1,0 +1,168 @@
+"""Running the simulator: one run, or the grid of an experiment config, with its outputs.
+
+Outputs of `run_grid` in the workdir:
+  results.csv          one row per run; deterministic (no wall times), so two runs with the
+                       same config and seeds are bit-identical
+  results.md           the throughput table (tokens/s per schedule; StaleFlow's ratio to
+                       each baseline), and the staleness each schedule reached
+  timing.json          wall time of each run and the coordinator's share of it
+  throughput.png, staleness.png   (asyncrl/sim/plots.py)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import csv
+import dataclasses
+import json
+import os
+from typing import Iterable
+
+import ml_collections
+
+from asyncrl.sim.config import check
+from asyncrl.sim.engine import Engine
+from asyncrl.sim.metrics import Result
+
+# Wall times vary run to run; they go to timing.json, not the (deterministic) CSV.
+CSV_FIELDS = [f.name for f in dataclasses.fields(Result)
+              if f.name not in ("wall_s", "coordinator_s")]
+BASELINES = ("sync", "one_step", "verl", "areal", "roll", "slime")
+
+
+def simulate(run_config) -> Result:
+    check(run_config)
+    return Engine(run_config).run()
+
+
+def grid_points(config) -> list:
+    """The run configs of an experiment's grid, in a fixed order."""
+    points = []
+    for n in config.grid.instances:
+        for eta in config.grid.etas:
+            for seed in config.grid.seeds:
+                for schedule in config.grid.schedules:
+                    rc = copy.deepcopy(config.run)
+                    with rc.unlocked():
+                        rc.num_instances, rc.eta, rc.seed, rc.schedule = n, eta, seed, schedule
+                    points.append(rc)
+    return points
+
+
+def _simulate_dict(d: dict) -> Result:
+    return simulate(ml_collections.ConfigDict(d))
+
+
+def run_grid(config, workdir: str, progress: bool = True) -> list[Result]:
+    """Runs every grid point (in `config.grid.workers` processes) and writes the outputs.
+
+    Results are kept in grid order whatever order the workers finish in, so the CSV does
+    not depend on the number of workers.
+    """
+    from tqdm import tqdm
+
+    os.makedirs(workdir, exist_ok=True)
+    points = grid_points(config)
+    bar = tqdm(total=len(points), desc="sim grid", unit="run", disable=not progress)
+    results: list[Result | None] = [None] * len(points)
+    if config.grid.workers <= 1:
+        for i, rc in enumerate(points):
+            bar.set_postfix_str(f"{rc.schedule} I={rc.num_instances} η={rc.eta}")
+            results[i] = simulate(rc)
+            bar.update()
+    else:
+        with concurrent.futures.ProcessPoolExecutor(config.grid.workers) as pool:
+            futures = {pool.submit(_simulate_dict, rc.to_dict()): i for i, rc in enumerate(points)}
+            for fut in concurrent.futures.as_completed(futures):
+                results[futures[fut]] = fut.result()
+                bar.update()
+    bar.close()
+    write_outputs(results, workdir)
+    return results
+
+
+def write_csv(results: Iterable[Result], path: str) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(CSV_FIELDS)
+        for r in results:
+            row = []
+            for name in CSV_FIELDS:
+                v = getattr(r, name)
+                if isinstance(v, float):
+                    v = repr(v)  # full precision, so equal runs give equal bytes
+                elif isinstance(v, dict):
+                    v = json.dumps(v, sort_keys=True)
+                row.append(v)
+            w.writerow(row)
+
+
+def ratios(results: list[Result]) -> dict[tuple[int, int], dict[str, float]]:
+    """StaleFlow's throughput over each baseline's, per (instances, η), averaged over seeds."""
+    by_point: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for r in results:
+        point = by_point.setdefault((r.instances, r.eta), {})
+        point.setdefault(r.schedule, []).append(r.throughput_tok_s)
+    out = {}
+    for point, d in by_point.items():
+        mean = {k: sum(v) / len(v) for k, v in d.items()}
+        if "staleflow" in mean:
+            out[point] = {b: mean["staleflow"] / mean[b] for b in BASELINES if b in mean}
+    return out
+
+
+def markdown(results: list[Result]) -> str:
+    schedules = list(dict.fromkeys(r.schedule for r in results))
+    points = sorted({(r.instances, r.eta) for r in results})
+    tput = {(r.instances, r.eta, r.schedule): r for r in results}
+    lines = ["### Throughput (response tokens/s, thousands)", "",
+             "| instances | η | " + " | ".join(schedules) + " |",
+             "|---:|---:|" + "---:|" * len(schedules)]
+    for n, eta in points:
+        cells = [f"{tput[(n, eta, s)].throughput_tok_s / 1e3:.1f}" if (n, eta, s) in tput else "–"
+                 for s in schedules]
+        lines.append(f"| {n} | {eta} | " + " | ".join(cells) + " |")
+    rat = ratios(results)
+    if rat:
+        base = [b for b in BASELINES if any(b in d for d in rat.values())]
+        lines += ["", "### StaleFlow speed-up (× baseline throughput)", "",
+                  "| instances | η | " + " | ".join(base) + " | mean of verl/areal/roll/slime |",
+                  "|---:|---:|" + "---:|" * (len(base) + 1)]
+        for (n, eta), d in sorted(rat.items()):
+            four = [d[b] for b in ("verl", "areal", "roll", "slime") if b in d]
+            mean = f"{sum(four) / len(four):.2f}" if four else "–"
+            cells = " | ".join(f"{d[b]:.2f}" if b in d else "–" for b in base)
+            lines.append(f"| {n} | {eta} | {cells} | {mean} |")
+    etas = sorted({r.eta for r in results})
+    lines += ["", "### Observed staleness of consumed entries (max / mean over all runs)", "",
+              "| schedule | " + " | ".join(f"η={e}" for e in etas) + " |",
+              "|---|" + "---|" * len(etas)]
+    for s in schedules:
+        cells = []
+        for eta in sorted({r.eta for r in results}):
+            rs = [r for r in results if r.schedule == s and r.eta == eta]
+            if rs:
+                mx = max(r.max_staleness for r in rs)
+                mean = sum(r.mean_staleness for r in rs) / len(rs)
+                cells.append(f"{mx} / {mean:.2f}")
+            else:
+                cells.append("–")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(results: list[Result], workdir: str) -> None:
+    from asyncrl.sim import plots
+
+    os.makedirs(workdir, exist_ok=True)
+    write_csv(results, os.path.join(workdir, "results.csv"))
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(markdown(results))
+    timing = [{"schedule": r.schedule, "instances": r.instances, "eta": r.eta, "seed": r.seed,
+               "wall_s": r.wall_s, "coordinator_s": r.coordinator_s, "events": r.events}
+              for r in results]
+    with open(os.path.join(workdir, "timing.json"), "w") as f:
+        json.dump(timing, f, indent=1)
+    plots.throughput(results, os.path.join(workdir, "throughput.png"))
+    plots.staleness(results, os.path.join(workdir, "staleness.png"))
