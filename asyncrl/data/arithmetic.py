@@ -7,6 +7,11 @@ held-out splits draw from disjoint random streams.
 Kinds (the operands' digit counts set the difficulty):
   add1   a + b, one digit each          add2   two digits each     add3   three digits each
   mul21  a × b, two digits by one       sub2   a - b, two digits (answer may be negative)
+  mod10  (a + b) % 10, one digit each: a one-token answer
+  echo1  a one-digit number, answered by itself: what a random tiny model learns first
+
+Styles: 'words' renders "What is 3 + 4?" (for chat models); 'compact' renders "3+4=" (for
+the tiny character tokenizer, whose vocabulary is just digits and operators).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from asyncrl.registry import Registry
 
 KINDS = Registry("arithmetic kind")
 SPLITS = ("train", "heldout")
+STYLES = ("words", "compact")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +55,18 @@ _register_sum("add3", 3, "+")
 _register_sum("sub2", 2, "-")
 
 
+@KINDS.register("echo1")
+def _echo1(rng: np.random.Generator) -> tuple[str, int]:
+    a = int(rng.integers(10))
+    return f"{a}", a
+
+
+@KINDS.register("mod10")
+def _mod10(rng: np.random.Generator) -> tuple[str, int]:
+    a, b = _operands(rng, 1, 1)
+    return f"({a} + {b}) % 10", (a + b) % 10
+
+
 @KINDS.register("mul21")
 def _mul21(rng: np.random.Generator) -> tuple[str, int]:
     a, b = _operands(rng, 2, 1)
@@ -58,7 +76,10 @@ def _mul21(rng: np.random.Generator) -> tuple[str, int]:
 class ArithmeticTask:
     """Random access to an endless, reproducible stream of problems."""
 
-    def __init__(self, seed: int, kinds: tuple[str, ...] = ("add1",), split: str = "train"):
+    def __init__(self, seed: int, kinds: tuple[str, ...] = ("add1",), split: str = "train",
+                 style: str = "words"):
+        if style not in STYLES:
+            raise ValueError(f"arithmetic task: style must be one of {STYLES}, got {style!r}")
         if split not in SPLITS:
             raise ValueError(f"arithmetic task: split must be one of {SPLITS}, got {split!r}")
         if not kinds:
@@ -67,6 +88,7 @@ class ArithmeticTask:
         self.kinds = tuple(kinds)
         self.seed = seed
         self.split = split
+        self.style = style
 
     def __getitem__(self, index: int) -> Problem:
         if index < 0:
@@ -74,7 +96,9 @@ class ArithmeticTask:
         rng = np.random.default_rng([self.seed, SPLITS.index(self.split), index])
         kind = int(rng.integers(len(self._makers)))
         expression, value = self._makers[kind](rng)
-        return Problem(index, f"What is {expression}?", str(value), self.kinds[kind])
+        question = (f"What is {expression}?" if self.style == "words"
+                    else expression.replace(" ", "") + "=")
+        return Problem(index, question, str(value), self.kinds[kind])
 
     def take(self, start: int, count: int) -> list[Problem]:
         return [self[i] for i in range(start, start + count)]

@@ -21,3 +21,13 @@ def exact_answer(response: str, answer: str) -> float:
     """
     found = _LAST_INTEGER.findall(response.replace(",", ""))
     return 1.0 if found and found[-1] == str(answer).strip() else 0.0
+
+
+@REWARDS.register("answer_first")
+def answer_first(response: str, answer: str) -> float:
+    """1.0 when the response starts with the expected answer (what follows is ignored).
+
+    A dense enough signal for a randomly initialised model to learn from in a few dozen
+    steps (the `:tiny` experiments); real runs use `exact_answer`.
+    """
+    return 1.0 if response.lstrip().startswith(str(answer).strip()) else 0.0

@@ -1,0 +1,122 @@
+"""Experiment configs: the `:k=v` argument parser and the up-front validation of every field.
+
+A config file is Python with `get_config(arg)`; `--config=experiments/grpo.py:tiny,eta=1`
+passes "tiny,eta=1" as `arg`. Validation runs before anything is built: each bad value fails
+with one error naming the field, the value and what is allowed, with the allowed names read
+from the registries so they cannot drift.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ml_collections
+
+from asyncrl.coordinator.loop import SCHEDULES
+from asyncrl.coordinator.migration import MIGRATION_POLICIES
+from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
+from asyncrl.coordinator.routing import ROUTERS
+from asyncrl.coordinator.sync import SYNC_POLICIES
+from asyncrl.data.arithmetic import KINDS
+from asyncrl.rewards.registry import REWARDS
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field."""
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+    """Parses "tiny,eta=2" against typed defaults: a bare word sets a bool default to True."""
+    parsed = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in defaults:
+            raise ConfigError(f"config argument {key!r} is unknown; known: {', '.join(sorted(defaults))}")
+        default = defaults[key]
+        if not value:
+            if not isinstance(default, bool):
+                raise ConfigError(f"config argument {key!r} needs a value ({key}=...)")
+            parsed[key] = True
+        elif isinstance(default, bool):
+            parsed[key] = value.lower() in ("1", "true", "yes")
+        else:
+            try:
+                parsed[key] = type(default)(value)
+            except ValueError:
+                raise ConfigError(f"config argument {key}={value!r}: expected {type(default).__name__}") from None
+    return parsed
+
+
+def _fail(field: str, value: Any, allowed: str) -> None:
+    raise ConfigError(f"config.{field} = {value!r} is not allowed: {allowed}")
+
+
+def _int_at_least(config, field: str, minimum: int) -> None:
+    value = _get(config, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        _fail(field, value, f"expected an int ≥ {minimum}")
+
+
+def _positive(config, field: str) -> None:
+    value = _get(config, field)
+    if not isinstance(value, (int, float)) or not value > 0:
+        _fail(field, value, "expected a number > 0")
+
+
+def _one_of(config, field: str, registry) -> None:
+    value = _get(config, field)
+    if value not in registry:
+        _fail(field, value, f"registered: {', '.join(registry.names())}")
+
+
+def _get(config, field: str) -> Any:
+    node = config
+    for part in field.split("."):
+        node = node[part]
+    return node
+
+
+def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
+    """Checks every field a run depends on, before any model or thread is built."""
+    for field, minimum in [
+        ("staleness.eta", 0), ("train.batch_size", 1), ("train.steps", 1),
+        ("rollout.group_size", 1), ("rollout.num_slots", 1), ("rollout.max_new_tokens", 1),
+        ("mesh.trainer_devices", 1), ("mesh.rollout_instances", 1),
+        ("mesh.devices_per_instance", 1), ("train.num_microbatches", 1),
+        ("checkpoint.every_steps", 0), ("checkpoint.keep", 1), ("rewards.workers", 1),
+        ("eval.heldout_size", 0), ("task.seed", 0), ("seed", 0),
+    ]:
+        _int_at_least(config, field, minimum)
+    for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm"):
+        _positive(config, field)
+    for field, registry in [
+        ("schedule", SCHEDULES), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
+        ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
+        ("task.reward", REWARDS),
+    ]:
+        _one_of(config, field, registry)
+    for kind in config.task.kinds:
+        if kind not in KINDS:
+            _fail("task.kinds", tuple(config.task.kinds), f"registered kinds: {', '.join(KINDS.names())}")
+    if config.rollout.group_size > config.rollout.num_slots:
+        _fail("rollout.group_size", config.rollout.group_size,
+              f"a group is prefilled into group_size slots at once; at most rollout.num_slots "
+              f"({config.rollout.num_slots})")
+    sequences = config.train.batch_size * config.rollout.group_size
+    if sequences % (config.train.num_microbatches * config.mesh.trainer_devices):
+        _fail("train.num_microbatches", config.train.num_microbatches,
+              f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
+              f"responses = {sequences} sequences must split evenly into micro-batches × "
+              f"mesh.trainer_devices ({config.mesh.trainer_devices})")
+    needed = config.mesh.trainer_devices + config.mesh.rollout_instances * config.mesh.devices_per_instance
+    if needed > device_count:
+        _fail("mesh", f"{config.mesh.trainer_devices} + {config.mesh.rollout_instances} × "
+              f"{config.mesh.devices_per_instance}", f"needs {needed} devices, this host has "
+              f"{device_count} (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count)")
+    checkpoint = config.model.checkpoint
+    if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
+        _fail("model.checkpoint", checkpoint,
+              "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
+    if not 0 < config.rollout.temperature:
+        _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")

@@ -1,0 +1,50 @@
+"""Asynchronous RL post-training: python -m asyncrl.main --config=experiments/grpo.py
+
+    --config=experiments/grpo.py:tiny,eta=1   variants through get_config's argument
+    --config.train.steps=30                    any field; a misspelt one is an error
+    --workdir=runs/grpo                        metrics, checkpoints, results.json
+
+Ctrl-C (or SIGTERM) finishes or abandons the step in flight, checkpoints and exits 0;
+rerunning the same command resumes.
+"""
+
+import os
+
+# Before JAX is imported anywhere: on a CPU, split the host into enough devices for one
+# trainer mesh and the rollout meshes. It only affects the CPU platform.
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+
+import signal  # noqa: E402
+
+import jax  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", "experiments/grpo.py", "Experiment config file (get_config(arg)).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    from asyncrl import system
+
+    logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
+                 jax.devices())
+    running = {}
+
+    def request_stop(signum, frame):
+        logging.warning("signal %d: finishing the step in flight, then checkpointing", signum)
+        if "system" in running:
+            running["system"].stop_requested.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    system.run(_CONFIG.value, _WORKDIR.value, on_built=lambda s: running.update(system=s))
+
+
+if __name__ == "__main__":
+    app.run(main)
