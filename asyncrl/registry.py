@@ -26,15 +26,24 @@ class Registry:
             raise ValueError(f"{self.kind} registry: a name must be a non-empty str, got {name!r}")
 
         def decorate(factory: F) -> F:
-            if name in self._factories:
-                raise ValueError(
-                    f"{self.kind} registry: {name!r} registered twice "
-                    f"({self._factories[name]!r} and {factory!r})"
-                )
-            self._factories[name] = factory
+            self.add(name, factory)
             return factory
 
         return decorate
+
+    def add(self, name: str, entry: Any) -> None:
+        """Registers `entry` (a factory, function or record) under `name`."""
+        if name in self._factories:
+            raise ValueError(
+                f"{self.kind} registry: {name!r} registered twice "
+                f"({self._factories[name]!r} and {entry!r})"
+            )
+        self._factories[name] = entry
+
+    def remove(self, name: str) -> None:
+        """Unregisters `name` (a plugin or test that registered something temporary)."""
+        self.get(name)
+        del self._factories[name]
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self._factories))

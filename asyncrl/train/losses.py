@@ -27,41 +27,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Generic, NamedTuple, TypeVar
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
-Entry = TypeVar("Entry")
-
-
-class Registry(Generic[Entry]):
-    """Name → entry. Errors list the registered names, so the list cannot drift."""
-
-    def __init__(self, kind: str):
-        self.kind = kind
-        self._entries: dict[str, Entry] = {}
-
-    def add(self, name: str, entry: Entry) -> None:
-        if name in self._entries:
-            raise ValueError(f"{self.kind} {name!r} is already registered")
-        self._entries[name] = entry
-
-    def get(self, name: str) -> Entry:
-        if name not in self._entries:
-            raise ValueError(f"unknown {self.kind} {name!r}; registered: {', '.join(self.names())}")
-        return self._entries[name]
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._entries))
-
+from asyncrl.registry import Registry
 
 # ---------------------------------------------------------------------------------------
 # Advantage estimators: rewards [B] (contiguous groups of G) -> advantages [B].
 # ---------------------------------------------------------------------------------------
 
 AdvantageFn = Callable[[jax.Array, int], jax.Array]
-ADVANTAGES: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGES = Registry("advantage estimator")
 _STD_EPS = 1e-6
 
 
@@ -133,7 +111,7 @@ class PolicyLoss:
     symmetric: bool  # ε_high must equal ε_low
 
 
-POLICY_LOSSES: Registry[PolicyLoss] = Registry("policy loss")
+POLICY_LOSSES = Registry("policy loss")
 
 
 def register_loss(name: str, *, eps: tuple[float, float], symmetric: bool = False):
@@ -241,7 +219,7 @@ def gspo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
 # ---------------------------------------------------------------------------------------
 
 AggregationFn = Callable[[jax.Array], jax.Array]
-AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+AGGREGATIONS = Registry("loss aggregation")
 
 
 def register_aggregation(name: str):

@@ -29,7 +29,8 @@ from asyncrl.model import (
     ModelConfig, ShardingRules, abstract_params, apply, init_params, shardings_for,
 )
 from asyncrl.train import losses
-from asyncrl.train.losses import LossConfig, Registry
+from asyncrl.registry import Registry
+from asyncrl.train.losses import LossConfig
 
 FSDP = "fsdp"
 
@@ -67,7 +68,7 @@ class TrainConfig:
             )
 
 
-SCHEDULES: Registry[Any] = Registry("learning-rate schedule")
+SCHEDULES = Registry("learning-rate schedule")
 SCHEDULES.add(
     "constant",
     lambda c: optax.join_schedules(

@@ -208,7 +208,7 @@ def test_registry_listing_follows_registrations():
         with pytest.raises(ValueError, match="test_only_zero"):
             LossConfig(advantage="still_nope")
     finally:
-        losses.ADVANTAGES._entries.pop("test_only_zero")
+        losses.ADVANTAGES.remove("test_only_zero")
 
 
 def test_config_checks_say_what_was_received():
