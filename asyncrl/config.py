@@ -118,5 +118,8 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
               "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
+    if config.coordinator.routing == "throughput_optimal" and not os.path.isfile(config.coordinator.latency_model):
+        _fail("coordinator.latency_model", config.coordinator.latency_model,
+              "throughput_optimal routing needs the JSON fitted by python -m asyncrl.tools.profile_engine")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")

@@ -27,11 +27,19 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
 
 
+class _QuietLibraries:
+    """Orbax logs a dozen INFO lines per checkpoint; keep its warnings, drop its chatter."""
+
+    def filter(self, record) -> bool:
+        return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     from asyncrl import system
 
+    logging.get_absl_handler().addFilter(_QuietLibraries())
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
     running = {}

@@ -98,6 +98,13 @@ def split_devices(mesh_cfg) -> tuple[Mesh, list[Mesh]]:
     return trainer, rollout
 
 
+def protocol_eta(c) -> int:
+    """The StalenessManager's bound. The token-bucket baseline bounds only unconsumed work, not
+    each trajectory: its manager gets a bound so loose it never binds (kept finite because
+    reserving scans η + 1 buffers), and the staleness it really reaches is measured."""
+    return c.staleness.eta if c.schedule != "token_bucket" else 8 * (c.staleness.eta + 1)
+
+
 def make_train_config(c) -> TrainConfig:
     loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
                       tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
@@ -132,7 +139,7 @@ class System:
         self.heldout = ArithmeticTask(c.task.seed, tuple(c.task.kinds), "heldout", c.task.style)
         self.cursor = PromptCursor(self.task)
         redundancy = build_redundancy(c.coordinator.redundancy)
-        self.sm = StalenessManager(c.staleness.eta, c.train.batch_size,
+        self.sm = StalenessManager(protocol_eta(c), c.train.batch_size,
                                    redundancy.redundant_batch_size(c.train.batch_size))
         self.trajectories = TrajectoryServer()
         self.parameters = ParameterServer()
@@ -384,7 +391,8 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
             state = train(system.trainer, _Source(system), workdir, c.train.steps,
                           c.checkpoint.every_steps or c.train.steps, on_metrics=on_metrics,
                           keep=c.checkpoint.keep, on_start=on_start, after_step=after_step,
-                          should_stop=system.stop_requested.is_set)
+                          should_stop=system.stop_requested.is_set,
+                          initial_params=system.policy.params)
         finally:
             system.stop()
             progress.close()

@@ -51,6 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.coordinator = ml_collections.ConfigDict()
     c.coordinator.routing = "least_loaded"
+    c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
     c.coordinator.migration = "balance"
     c.coordinator.redundancy = "none"
@@ -83,7 +84,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.eval = ml_collections.ConfigDict()
     c.eval.heldout_size = 200
-    c.eval.max_new_tokens = 32
+    c.eval.max_new_tokens = 64
 
     c.rewards = ml_collections.ConfigDict()
     c.rewards.workers = 2

@@ -281,13 +281,14 @@ def _partials(root: Path) -> str:
 
 
 def restore_or_init(
-    trainer: Trainer, workdir: str | Path, resume_from: str | Path | None = None, keep: int = 3
+    trainer: Trainer, workdir: str | Path, resume_from: str | Path | None = None, keep: int = 3,
+    initial_params=None,
 ) -> tuple[Checkpointer, TrainState, ResumeData | None, str]:
     """The run's starting point, in this order:
 
     1. the latest checkpoint in `workdir/checkpoints`: a restarted run carries on;
     2. `resume_from`: a checkpoint root or one step directory of another run;
-    3. a fresh state.
+    3. a fresh state, from `initial_params` (e.g. a loaded checkpoint) or a random init.
     A checkpoint that is found but damaged or mismatched raises CheckpointError; it never
     silently falls through to a fresh start, which would throw the run away.
     Returns the workdir's Checkpointer, the state, the ResumeData (None if fresh) and a
@@ -304,6 +305,8 @@ def restore_or_init(
     except BaseException:
         ckpt.close()  # no Orbax threads left behind when the run stops here
         raise
+    if initial_params is not None:
+        return ckpt, trainer.init_state(initial_params), None, "initialised from the policy's weights"
     return ckpt, trainer.init_state(), None, "initialised from scratch"
 
 

@@ -47,6 +47,7 @@ def train(
     on_start: Callable[[TrainState, int], None] | None = None,
     after_step: Callable[[int, TrainState], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    initial_params=None,
 ) -> TrainState:
     """Trains until `state.step == num_steps`; returns the final state (checkpointed).
 
@@ -54,8 +55,10 @@ def train(
     after_step(step, state): right after step `step` is dispatched (push weights here).
     should_stop(): checked after every step; when true, or when the data source raises
     StopTraining, the loop checkpoints where it is and returns early.
+    initial_params: the weights a fresh run starts from (default: a random init).
     """
-    ckpt, state, resume, source = restore_or_init(trainer, workdir, resume_from, keep=keep)
+    ckpt, state, resume, source = restore_or_init(trainer, workdir, resume_from, keep=keep,
+                                                  initial_params=initial_params)
     log.info("train: %s", source)
     if resume is not None:
         data.restore(resume)
