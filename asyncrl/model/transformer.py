@@ -109,7 +109,10 @@ class Attention(nnx.Module):
             self.k_norm = RMSNorm(h, c.norm_eps, dt, **norm)
 
     def __call__(self, x, positions, sin, cos, cache_kv):
-        """x [B, T, D], positions [B, T]; cache_kv None or (k, v) each [B, S, K, H]."""
+        """x [B, T, D], positions [B, T]; cache_kv None or (k, v, layer): the whole stacked
+        cache, k and v each [L, B, S, K, H], and this layer's index (int32 scalar).
+
+        Returns the attention output [B, T, D] and the updated (k, v, layer)."""
         c = self.config
         q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
         k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
@@ -121,29 +124,82 @@ class Attention(nnx.Module):
         if c.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, sin, cos), apply_rope(k, sin, cos)
-
-        if cache_kv is None:
-            keys, values = k, v
-            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, S=T]
-        else:
-            cache_k, cache_v = cache_kv
-            rows = jnp.arange(x.shape[0])[:, None]
-            # mode="drop": writes at index >= S vanish instead of clamping onto the last slot.
-            keys = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
-            values = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
-            cache_kv = (keys, values)
-            slots = jnp.arange(keys.shape[1])
-            mask = slots[None, None, :] <= positions[:, :, None]  # [B, T, S]
-
         batch, length = x.shape[:2]
         q = q.reshape(batch, length, c.num_kv_heads, c.num_groups, c.head_dim)
-        scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, keys.astype(q.dtype),
-                            preferred_element_type=jnp.float32) * c.head_dim ** -0.5
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-        out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, values.astype(x.dtype))
-        out = out.reshape(batch, length, c.num_heads, c.head_dim)
-        return jnp.einsum("BTNH,NHD->BTD", out, self.o[...]), cache_kv
+
+        if cache_kv is None:
+            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, S=T]
+            return self._out(_attend(q, k, v, mask, x.dtype)), None
+
+        cache_k, cache_v, layer = cache_kv
+        # One scatter into the full stacked cache, which is the scan carry: XLA updates the
+        # carried buffer in place, so a step writes B*T rows instead of copying the cache.
+        # mode="drop": writes at index >= S vanish instead of clamping onto the last slot.
+        at = (jnp.broadcast_to(layer, positions.shape), jnp.arange(batch)[:, None], positions)
+        cache_k = cache_k.at[at].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[at].set(v.astype(cache_v.dtype), mode="drop")
+        keys = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)  # [B, S, K, H]
+        values = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
+        mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        if length == 1 and _flat_decode():
+            out = _attend_one_flat(q[:, 0], keys, values, mask[:, 0], x.dtype)[:, None]
+        else:
+            out = _attend(q, keys.astype(q.dtype), values.astype(x.dtype), mask, x.dtype)
+        return self._out(out), (cache_k, cache_v, layer)
+
+    def _out(self, out):
+        """[B, T, K, G, H] -> [B, T, D]."""
+        c = self.config
+        out = out.reshape(*out.shape[:2], c.num_heads, c.head_dim)
+        return jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
+
+
+def _attend(q, keys, values, mask, dtype):
+    """q [B, T, K, G, H], keys / values [B, S, K, H], mask [B, T, S] -> [B, T, K, G, H]."""
+    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, keys,
+                        preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, values)
+
+
+def _flat_decode() -> bool:
+    """Whether one-token decode uses `_attend_one_flat` (decided at trace time).
+
+    XLA:CPU runs a dot with its batch dims leading, so `_attend`'s K batch dim makes it
+    transpose every layer's [B, S, K, H] cache into a fresh [B, K, ...] buffer on every step:
+    another pass over the cache. Other backends keep `_attend`: TPU chooses operand layouts
+    itself, and a K batch dim is what tensor parallelism over kv heads needs (the flat form
+    contracts over K * H, so a K-sharded cache would need an all-reduce). Not yet measured on
+    GPU, where a fused decode-attention kernel is the real fix.
+    """
+    return jax.default_backend() == "cpu"
+
+
+def _attend_one_flat(q, keys, values, mask, dtype):
+    """`_attend` for one query per row, reading the cache in its own layout.
+
+    q [B, K, G, H], keys / values [B, S, K, H], mask [B, S] -> [B, K, G, H]. Heads are
+    flattened, C = K * H: the queries become block-diagonal [B, N, C] (query head (k, g) is
+    zero outside kv head k's H columns), so both dots contract or keep C as the cache's
+    minor dim and need no transpose. That does K times the attention flops, which decode
+    can afford: it is bound by reading the cache, not by arithmetic.
+    """
+    batch, kv_heads, groups, head_dim = q.shape
+    own = jnp.eye(kv_heads, dtype=bool)[None, :, None, :, None]  # [1, K, 1, K, 1]
+    q_blocks = jnp.where(own, q[:, :, :, None, :], jnp.zeros((), q.dtype))
+    q_blocks = q_blocks.reshape(batch, kv_heads * groups, kv_heads * head_dim)  # [B, N, C]
+    flat_k = keys.reshape(*keys.shape[:2], -1).astype(q.dtype)  # [B, S, C], a free reshape
+    flat_v = values.reshape(*values.shape[:2], -1).astype(dtype)
+    scores = jnp.einsum("BSC,BNC->BSN", flat_k, q_blocks,
+                        preferred_element_type=jnp.float32) * head_dim ** -0.5
+    scores = jnp.where(mask[:, :, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=1).astype(dtype)  # [B, S, N]
+    every = jnp.einsum("BSN,BSC->BNC", probs, flat_v)  # head (k, g) against all K kv heads
+    every = every.reshape(batch, kv_heads, groups, kv_heads, head_dim)
+    # Keep each query head's own kv head by selecting it (not by multiplying with the
+    # identity, which would let a non-finite value from another head turn into NaN).
+    return jnp.diagonal(every, axis1=1, axis2=3).transpose(0, 3, 1, 2)
 
 
 class MLP(nnx.Module):
@@ -201,12 +257,25 @@ class Decoder(nnx.Module):
         block_def, block_params = nnx.split(self.blocks)
 
         # Scan over the stacked leading L axis; each step rebuilds one layer's Block view.
-        def layer(x, xs):
-            params, kv = xs
-            x, kv = nnx.merge(block_def, params)(x, positions, sin, cos, kv)
-            return x, kv
+        if cache_kv is None:
+            def layer(x, params):
+                return nnx.merge(block_def, params)(x, positions, sin, cos, None)[0], None
 
-        x, cache_kv = jax.lax.scan(layer, x, (block_params, cache_kv))
+            x, _ = jax.lax.scan(layer, x, block_params)
+        else:
+            # The whole cache rides in the carry and each layer scatters its rows into it.
+            # Scanning it as xs / ys instead slices a layer out, copies it, and writes it
+            # back into a fresh ys buffer: several copies of the cache per decode step.
+            def layer(carry, xs):
+                x, k, v = carry
+                params, index = xs
+                x, (k, v, _) = nnx.merge(block_def, params)(x, positions, sin, cos,
+                                                            (k, v, index))
+                return (x, k, v), None
+
+            layers = jnp.arange(c.num_layers, dtype=jnp.int32)
+            (x, k, v), _ = jax.lax.scan(layer, (x, *cache_kv), (block_params, layers))
+            cache_kv = (k, v)
         x = self.final_norm(x)
         table = self.embed[...] if c.tie_embeddings else self.lm_head[...]
         logits = jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
