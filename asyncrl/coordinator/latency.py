@@ -29,6 +29,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from asyncrl.jsonfile import read_json_object
+
 _COEFFS = ("a", "b", "c", "d", "e")
 
 
@@ -213,14 +215,7 @@ class LatencyModel:
     @classmethod
     def load(cls, path: str | os.PathLike) -> "LatencyModel":
         path = os.fspath(path)
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"latency model file not found: {path}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from None
-        return cls.from_dict(d, where=path)
+        return cls.from_dict(read_json_object(path, "latency model file"), where=path)
 
     def save(self, path: str | os.PathLike) -> None:
         with open(path, "w") as f:

@@ -15,10 +15,10 @@ errors that name the file and the field.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 from asyncrl.coordinator.latency import LatencyModel
+from asyncrl.jsonfile import read_json_object
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 
@@ -55,15 +55,7 @@ class Profile:
     def load(cls, path: str) -> "Profile":
         if not os.path.isabs(path) and not os.path.exists(path):
             path = os.path.join(PROFILE_DIR, path)
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"simulator profile not found: {path}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"{path}: expected a JSON object")
+        d = read_json_object(path, "simulator profile")
         unknown = sorted(set(d) - _TOP)
         if unknown:
             raise ValueError(f"{path}: unknown field(s) {unknown}; expected {sorted(_TOP)}")

@@ -13,12 +13,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 import numpy as np
 
+from asyncrl.jsonfile import read_json_object
 from asyncrl.registry import Registry
 
 LENGTHS = Registry("length distribution")
@@ -113,13 +113,7 @@ class Empirical(LengthDistribution):
         if not os.path.isabs(path) and not os.path.exists(path):
             path = os.path.join(DATA_DIR, path)  # bare names refer to the shipped data
         self.path = path
-        try:
-            with open(path) as f:
-                d = json.load(f)
-        except FileNotFoundError:
-            raise FileNotFoundError(f"empirical length histogram not found: {path}") from None
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err})") from None
+        d = read_json_object(path, "empirical length histogram")
         for key in ("cap", "bins"):
             if key not in d:
                 raise ValueError(f"{path}: missing field {key!r}")
