@@ -14,13 +14,11 @@ out through the `on_event` callback, which must be cheap and thread-safe (a queu
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import threading
 import time
 from typing import Any, Callable
 
-import numpy as np
 
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Event, Snapshot, Trajectory, Work
