@@ -1,4 +1,5 @@
-"""Greedy held-out evaluation on a rollout engine: accuracy and mean response length.
+"""Greedy held-out evaluation on a rollout engine: accuracy and mean response length; and
+the unbiased pass@k estimator for sampled evaluation.
 
 Runs on its own engine (temperature 0) so it never disturbs the training rollouts' random
 streams; the slots are refilled continuously, as in rollout.
@@ -51,3 +52,21 @@ def greedy_eval(engine: Engine, params, prompts: Sequence[Sequence[int]], answer
     return EvalResult(float(rewards.mean()) if len(prompts) else 0.0,
                       float(lengths.mean()) if len(prompts) else 0.0, len(prompts),
                       time.perf_counter() - start)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, "Codex").
+
+        pass@k = 1 - C(n - c, k) / C(n, k)
+
+    the probability that k samples drawn without replacement from the n include a correct one.
+    The binomials overflow floats for n in the hundreds, so the ratio is taken as the product
+    C(n-c, k) / C(n, k) = prod_{i = n-c+1}^{n} (1 - k / i), every factor in [0, 1].
+    """
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: k must be in [1, n={n}], got {k}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: c (correct samples) must be in [0, n={n}], got {c}")
+    if n - c < k:  # every k-subset holds a correct sample
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))

@@ -1,0 +1,255 @@
+"""Math datasets from local files: GSM8K JSONL and MATH / DAPO-style JSONL or parquet.
+
+Formats (one problem per row):
+  gsm8k   JSONL, {"question": str, "answer": "...working...\\n#### 72"}; the answer kept is the
+          number after the last `####` ("1,234" → "1234").
+  math    JSONL or parquet (by suffix), {"problem": str, "answer": str | number} or
+          {"problem": str, "solution": "... \\boxed{\\frac{1}{2}}"}; `answer` wins when both are
+          there, else the answer is the last complete `\\boxed{}` of the solution.
+
+A malformed row is a ValueError naming the file, the 1-based line (or parquet row) and what
+is wrong. With `skip_malformed=True` it is skipped instead, counted in `dataset.skipped`, its
+message kept in `dataset.errors` and the count logged: never a silent drop. Blank JSONL lines
+are not rows (a trailing newline is not data) and are passed over.
+
+`prompt_id` is the index in the loaded dataset, so `dataset[p.prompt_id] == p` as for the
+arithmetic task; it equals the row index in the file when nothing was skipped, and
+`dataset.source_line(i)` gives the file line either way.
+
+The data position of a run is a `ShuffledCursor`: a fresh permutation per epoch drawn from
+(seed, epoch), so its state (seed, epoch, position) is a few ints and a resumed run neither
+repeats nor skips a prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from asyncrl.data.arithmetic import Problem
+from asyncrl.rewards.math import gsm8k_reference, last_boxed
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("gsm8k", "math")
+_KEPT_ERRORS = 20  # messages kept for skipped rows; the count is exact regardless
+
+
+class MathDataset:
+    """Random access to the problems of one file."""
+
+    def __init__(self, path: str, problems: list[Problem], lines: list[int], skipped: int,
+                 errors: list[str]):
+        self.path = path
+        self.skipped = skipped  # malformed rows passed over (skip_malformed=True only)
+        self.errors = tuple(errors)  # the first few of their messages
+        self._problems = problems
+        self._lines = lines
+
+    def __len__(self) -> int:
+        return len(self._problems)
+
+    def __getitem__(self, index: int) -> Problem:
+        if not 0 <= index < len(self._problems):
+            raise IndexError(f"{self.path}: problem index must be in [0, {len(self)}), got {index}")
+        return self._problems[index]
+
+    def take(self, start: int, count: int) -> list[Problem]:
+        return [self[i] for i in range(start, start + count)]
+
+    def source_line(self, index: int) -> int:
+        """The 1-based line (JSONL) or row (parquet) problem `index` came from."""
+        self[index]
+        return self._lines[index]
+
+    def __repr__(self) -> str:
+        return f"MathDataset({self.path!r}, {len(self)} problems, {self.skipped} skipped)"
+
+
+# ----------------------------------------------------------------------------- reading rows
+
+
+def _jsonl_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
+    """(1-based line, parsed row) pairs; a line that is not JSON yields its error instead."""
+    with path.open(encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
+
+
+def _parquet_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow); "
+                          f"or convert the file to JSONL") from None
+    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+
+
+def _text_field(row: dict, field: str) -> str:
+    if field not in row:
+        raise ValueError(f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+    value = row[field]
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"field {field!r} must be a non-empty string, got {value!r:.80}")
+    return value
+
+
+def _gsm8k_problem(row: dict, index: int) -> Problem:
+    question = _text_field(row, "question")
+    solution = _text_field(row, "answer")
+    if "####" not in solution:
+        raise ValueError(f"field 'answer' has no '####' before the final number: "
+                         f"{solution[-80:]!r}")
+    return Problem(index, question, gsm8k_reference(solution), "gsm8k")
+
+
+def _math_problem(row: dict, index: int) -> Problem:
+    problem = _text_field(row, "problem")
+    if "answer" in row:
+        answer = row["answer"]
+        # DAPO-style files carry numeric answers; bool is an int in Python but never an answer.
+        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+            answer = str(answer)
+        if not isinstance(answer, str) or not answer.strip():
+            raise ValueError(f"field 'answer' must be a non-empty string or a number, "
+                             f"got {row['answer']!r:.80}")
+        return Problem(index, problem, answer.strip(), "math")
+    if "solution" not in row:
+        raise ValueError(f"needs field 'answer' or 'solution' (fields: {', '.join(sorted(row))})")
+    boxed = last_boxed(_text_field(row, "solution"))
+    if boxed is None:
+        raise ValueError("field 'solution' has no complete \\boxed{...} holding the answer")
+    return Problem(index, problem, boxed, "math")
+
+
+_MAKERS: dict[str, Callable[[dict, int], Problem]] = {"gsm8k": _gsm8k_problem,
+                                                      "math": _math_problem}
+
+
+def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> MathDataset:
+    """Loads a local GSM8K (JSONL) or MATH / DAPO-style (JSONL or parquet) file."""
+    if kind not in _MAKERS:
+        raise ValueError(f"math data: kind must be one of {FORMATS}, got {kind!r}")
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"math data: no such file {str(path)!r}")
+    if path.suffix == ".parquet":
+        if kind == "gsm8k":
+            raise ValueError(f"{path}: GSM8K is read from JSONL, got a parquet file")
+        rows, unit = _parquet_rows(path), "row"
+    elif path.suffix == ".jsonl":
+        rows, unit = _jsonl_rows(path), "line"
+    else:
+        raise ValueError(f"{path}: expected a .jsonl or .parquet file, got suffix {path.suffix!r}")
+
+    make = _MAKERS[kind]
+    problems: list[Problem] = []
+    lines: list[int] = []
+    skipped, errors = 0, []
+    for number, row in rows:
+        try:
+            if isinstance(row, Exception):
+                raise row
+            if not isinstance(row, dict):
+                raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
+            problem = make(row, len(problems))
+        except ValueError as e:
+            message = f"{path}: {unit} {number} ({kind}): {e}"
+            if not skip_malformed:
+                raise ValueError(message + " (skip_malformed=True skips such rows)") from None
+            skipped += 1
+            if len(errors) < _KEPT_ERRORS:
+                errors.append(message)
+            continue
+        problems.append(problem)
+        lines.append(number)
+    if skipped:
+        log.warning("%s: skipped %d malformed %ss of %d; first: %s", path, skipped, unit,
+                    skipped + len(problems), errors[0])
+    if not problems:
+        raise ValueError(f"{path}: no usable {kind} problems (skipped {skipped} malformed)")
+    return MathDataset(str(path), problems, lines, skipped, errors)
+
+
+def load_gsm8k(path: str | pathlib.Path, skip_malformed: bool = False) -> MathDataset:
+    return load(path, "gsm8k", skip_malformed)
+
+
+def load_math(path: str | pathlib.Path, skip_malformed: bool = False) -> MathDataset:
+    return load(path, "math", skip_malformed)
+
+
+# -------------------------------------------------------------------------------- the cursor
+
+
+class ShuffledCursor:
+    """The data position over a finite dataset: every epoch visits each problem once, in an
+    order drawn from (seed, epoch). Same interface as `arithmetic.PromptCursor`.
+
+    The state is (seed, epoch, position) plus the dataset size, checked on load: resuming
+    against a different file (or with a different seed) would silently change the order, so
+    it is refused instead.
+    """
+
+    def __init__(self, dataset: MathDataset, seed: int, shuffle: bool = True):
+        if len(dataset) == 0:
+            raise ValueError("shuffled cursor: the dataset is empty")
+        self.dataset = dataset
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self._order = self._order_of(0)
+
+    def _order_of(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.dataset))
+        # A fresh stream per (seed, epoch): an epoch's order is known without replaying the
+        # ones before it, which is what makes the state a few ints.
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+
+    def __iter__(self) -> Iterator[Problem]:
+        return self
+
+    def __next__(self) -> Problem:
+        if self.position == len(self.dataset):
+            self.epoch += 1
+            self.position = 0
+            self._order = self._order_of(self.epoch)
+        problem = self.dataset[int(self._order[self.position])]
+        self.position += 1
+        return problem
+
+    def state_dict(self) -> dict[str, int | bool]:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "size": len(self.dataset), "shuffle": self.shuffle}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        expected = {"seed", "epoch", "position", "size", "shuffle"}
+        if set(state) != expected:
+            raise ValueError(f"shuffled cursor state: expected keys {sorted(expected)}, "
+                             f"got {sorted(state)}")
+        for key in ("epoch", "position"):
+            if not isinstance(state[key], int) or state[key] < 0:
+                raise ValueError(f"shuffled cursor state: {key} must be an int ≥ 0, "
+                                 f"got {state[key]!r}")
+        mine = {"seed": self.seed, "size": len(self.dataset), "shuffle": self.shuffle}
+        for key, value in mine.items():
+            if state[key] != value:
+                raise ValueError(f"shuffled cursor state: saved with {key}={state[key]!r}, "
+                                 f"this cursor has {key}={value!r} ({self.dataset.path})")
+        if state["position"] > len(self.dataset):
+            raise ValueError(f"shuffled cursor state: position must be ≤ the dataset size "
+                             f"{len(self.dataset)}, got {state['position']}")
+        self.epoch, self.position = state["epoch"], state["position"]
+        self._order = self._order_of(self.epoch)

@@ -1,0 +1,212 @@
+"""Verifiable math rewards: `math_verify`, `gsm8k`, `format`, and DAPO's overlong penalty.
+
+The model is asked for its final answer in `\\boxed{}`; every reward here reads the *last*
+complete `\\boxed{...}` of the response when there is one, because models often box an
+intermediate result before correcting it ("\\boxed{3}, wait, no: \\boxed{4}"). math-verify on
+its own would gather every box of a response into a set and grade "{3, 4}".
+
+Failure semantics, shared with the worker pool (asyncrl/rewards/pool.py):
+  * a wrong or unparsable *response* scores 0.0 (the model's fault: a real training signal);
+  * an unusable *reference* answer raises ValueError (the data's fault: every response would
+    silently score 0.0, so it fails the call loudly instead);
+  * a verifier that runs past its time raises (TimeoutError here, or the pool kills the
+    worker): a failed call, never a silent 0.0. math-verify's own default turns a timeout into
+    "not equal", which is exactly the silent 0.0 we refuse.
+
+math-verify is imported lazily, so `import asyncrl.rewards` (which the config imports to
+validate names) stays cheap and gsm8k / format work without it installed.
+"""
+
+from __future__ import annotations
+
+import fractions
+import re
+import threading
+
+from asyncrl.rewards.registry import REWARDS
+
+# math-verify's own per-expression limit, enforced with SIGALRM (whole seconds). The pool's
+# per-call timeout is the outer guard; this one makes an in-process call (tests, greedy eval
+# on the main thread) unable to hang, and in a worker it fails the call with a clear message
+# before the pool has to kill and respawn the process.
+VERIFY_TIMEOUT_S = 5
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+# A GSM8K-style number: thousands groups ("1,234.5") or plain digits; "3,4" is two numbers.
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
+
+
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, or None.
+
+    Braces are balanced, so `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. `\\boxed 5` (no braces,
+    as LaTeX allows for one token) gives `5`. If the last box is left open (a response cut at
+    the length limit) the result is None: the model never gave a final answer, and falling back
+    to an earlier box would reward an answer the model itself went on to abandon.
+    """
+    start = max(text.rfind(command) for command in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    after = start + len(command)
+    i = after
+    while i < len(text) and text[i] == " ":
+        i += 1
+    if i < len(text) and text[i] != "{" and i > after:  # "\boxed 5": the argument is a token
+        return text[i:].split(maxsplit=1)[0].rstrip("$.") or None
+    if i >= len(text) or text[i] != "{":
+        return None  # "\boxedthing" is not a box; "\boxed" at the very end has no answer
+    depth = 0
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                content = text[i + 1:j].strip()
+                return content or None
+    return None  # unclosed
+
+
+# ---------------------------------------------------------------------------- math_verify
+
+
+def _signal_timeout() -> int | None:
+    # SIGALRM can only be armed from the main thread; math-verify raises ValueError otherwise.
+    # Off the main thread (a caller's own thread) there is no inner limit: such a caller
+    # should go through the pool, whose limit is enforced by killing the worker process.
+    return VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+
+
+def _parse(text: str, what: str) -> list:
+    from math_verify import parse
+    from math_verify.errors import TimeoutException
+
+    try:
+        return parse(text, parsing_timeout=_signal_timeout(), raise_on_error=True)
+    except TimeoutException:  # a BaseException: it would otherwise kill the worker untidily
+        raise TimeoutError(f"math_verify: parsing the {what} took over "
+                           f"{VERIFY_TIMEOUT_S} s: {text[:80]!r}") from None
+    except Exception:  # antlr / sympy failures: nothing usable in this text
+        return []
+
+
+def _equal(gold: list, predicted: list) -> bool:
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    # Pair by pair (as math-verify does inside `verify`), so one pair sympy cannot compare
+    # does not hide a later pair that matches, while a timeout still surfaces as an error.
+    for g in gold:
+        for p in predicted:
+            try:
+                if verify(g, p, timeout_seconds=_signal_timeout(), raise_on_error=True):
+                    return True
+            except TimeoutException:
+                raise TimeoutError(
+                    f"math_verify: comparing took over {VERIFY_TIMEOUT_S} s") from None
+            except Exception:
+                continue
+    return False
+
+
+@REWARDS.register("math_verify")
+def math_verify(response: str, answer: str) -> float:
+    """1.0 when the response's final answer equals `answer` mathematically, else 0.0.
+
+    Equivalence is math-verify's: LaTeX or plain (`\\frac{1}{2}` = `0.5` = `1/2`), intervals
+    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`). The final answer is the
+    last complete `\\boxed{}`; without one, math-verify's own extraction reads the whole
+    response (an "answer is" anchor, else the last expression).
+
+    Raises ValueError when `answer` itself cannot be parsed, TimeoutError when math-verify
+    runs past VERIFY_TIMEOUT_S.
+    """
+    gold = _parse(f"${answer}$", "reference answer")
+    # parse() falls back to the raw string when LaTeX conversion fails ("\\frac{" → ["\\frac{"]);
+    # a reference with no parsed expression is broken data, not an answer to match strings on.
+    if all(isinstance(g, str) for g in gold):
+        raise ValueError(f"math_verify: the reference answer {answer!r} could not be parsed")
+    boxed = last_boxed(response)
+    predicted = _parse(f"\\boxed{{{boxed}}}" if boxed is not None else response, "response")
+    return 1.0 if predicted and _equal(gold, predicted) else 0.0
+
+
+# ---------------------------------------------------------------------------------- gsm8k
+
+
+def _to_number(text: str) -> fractions.Fraction:
+    # Exact, so "72.00" equals "72" and no float rounding can make two answers equal.
+    return fractions.Fraction(text.replace(",", "").replace("$", ""))
+
+
+def gsm8k_reference(answer: str) -> str:
+    """The number of a GSM8K reference: what follows the last `####`, or the whole string.
+
+    "...so she has 18 dollars.\\n#### 18" → "18"; a bare "1,234" → "1234". Raises ValueError
+    when no single number is there.
+    """
+    text = answer.rsplit("####", 1)[-1].strip().replace("$", "").rstrip(".")
+    match = _NUMBER.fullmatch(text)
+    if match is None:
+        raise ValueError(f"gsm8k: the reference answer must be one number (after '####' if "
+                         f"present), got {text[:80]!r}")
+    return text.replace(",", "")
+
+
+@REWARDS.register("gsm8k")
+def gsm8k(response: str, answer: str) -> float:
+    """1.0 when the response's final number equals the reference number, else 0.0.
+
+    The reference is the number after `####` (a GSM8K solution) or a bare number. The
+    response's final number is the last number inside its last `\\boxed{}`, or else its last
+    number; commas and `$` are stripped, so "$1,234.00" matches "1234".
+    """
+    reference = _to_number(gsm8k_reference(answer))
+    boxed = last_boxed(response)
+    found = _NUMBER.findall((boxed if boxed is not None else response).replace("$", ""))
+    return 1.0 if found and _to_number(found[-1]) == reference else 0.0
+
+
+# --------------------------------------------------------------------------------- format
+
+
+@REWARDS.register("format")
+def format_reward(response: str, answer: str | None = None) -> float:
+    """1.0 when the response puts a final answer where the prompt asked: a closed, non-empty
+    `\\boxed{...}`. `answer` is accepted and ignored, so every reward takes the same arguments.
+    """
+    del answer
+    return 1.0 if last_boxed(response) is not None else 0.0
+
+
+# ------------------------------------------------------------------------ overlong penalty
+
+
+def overlong_penalty(length: int, max_len: int, buffer: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, "DAPO", eq. 13), in [-1, 0].
+
+    With L_max = `max_len` and L_cache = `buffer`:
+
+        R(y) = 0                               if |y| <= L_max - L_cache
+        R(y) = ((L_max - L_cache) - |y|) / L_cache   if L_max - L_cache < |y| <= L_max
+        R(y) = -1                              if |y| > L_max
+
+    It is added to the task reward, so a response that runs into the last `buffer` tokens
+    before the limit loses reward linearly instead of a cliff at truncation. `buffer=0` is the
+    cliff itself. It is a shaping term over lengths, not a response → reward function, so it is
+    not in REWARDS: the caller that knows the token count adds it.
+    """
+    if max_len < 1:
+        raise ValueError(f"overlong_penalty: max_len must be ≥ 1, got {max_len}")
+    if not 0 <= buffer <= max_len:
+        raise ValueError(
+            f"overlong_penalty: buffer must be in [0, max_len={max_len}], got {buffer}")
+    if length < 0:
+        raise ValueError(f"overlong_penalty: length must be ≥ 0, got {length}")
+    free = max_len - buffer
+    if length <= free:
+        return 0.0
+    if length > max_len:
+        return -1.0
+    return (free - length) / buffer

@@ -1,0 +1,44 @@
+import fractions
+import itertools
+import math
+
+import pytest
+
+from asyncrl.evaluation import pass_at_k
+
+
+def closed_form(n, c, k):
+    """1 - C(n-c, k) / C(n, k), exactly (math.comb is 0 when n - c < k)."""
+    return float(1 - fractions.Fraction(math.comb(n - c, k), math.comb(n, k)))
+
+
+def test_pass_at_k_matches_the_closed_form_for_every_small_case():
+    for n in range(1, 13):
+        for c, k in itertools.product(range(n + 1), range(1, n + 1)):
+            assert pass_at_k(n, c, k) == pytest.approx(closed_form(n, c, k), rel=1e-12, abs=1e-15)
+
+
+def test_pass_at_k_stays_exact_where_the_binomials_overflow_floats():
+    # C(2000, 600) is far beyond float range; the product form never forms it.
+    for n, c, k in [(2000, 3, 600), (2000, 1000, 10), (1000, 1, 1), (1000, 0, 500)]:
+        assert pass_at_k(n, c, k) == pytest.approx(closed_form(n, c, k), rel=1e-9, abs=1e-15)
+
+
+def test_pass_at_k_known_values():
+    assert pass_at_k(10, 3, 1) == pytest.approx(0.3)  # pass@1 is the fraction correct
+    assert pass_at_k(10, 0, 5) == 0.0
+    assert pass_at_k(10, 8, 3) == 1.0  # only 2 wrong samples: any 3 hold a correct one
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 3 of the 6 pairs hold the correct one
+    values = [pass_at_k(20, 2, k) for k in range(1, 21)]
+    assert values == sorted(values)  # more attempts never lower the chance
+
+
+@pytest.mark.parametrize("n, c, k, message", [
+    (5, 1, 0, r"k must be in \[1, n=5\], got 0"),
+    (5, 1, 6, r"k must be in \[1, n=5\], got 6"),
+    (5, 6, 1, r"c \(correct samples\) must be in \[0, n=5\], got 6"),
+    (5, -1, 1, r"c \(correct samples\) must be in \[0, n=5\], got -1"),
+])
+def test_pass_at_k_rejects_impossible_counts(n, c, k, message):
+    with pytest.raises(ValueError, match=message):
+        pass_at_k(n, c, k)
