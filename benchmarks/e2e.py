@@ -43,8 +43,13 @@ SCHEDULES = {
 def measure(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
     c = importlib.import_module(SCHEDULES[name]).get_config("tiny" if variant == "tiny" else None)
     c.train.steps = steps
-    results = system.run(c, workdir / name)
-    rows = read_metrics(workdir / name / "metrics.jsonl")
+    system.run(c, workdir / name)
+    return summarize(workdir / name)
+
+
+def summarize(run_dir: pathlib.Path) -> dict:
+    results = json.loads((run_dir / "results.json").read_text())
+    rows = read_metrics(run_dir / "metrics.jsonl")
     tokens = sum(r["rollout_tokens"] for r in rows[1:])
     seconds = rows[-1]["wall_s"] - rows[0]["wall_s"]
     idle = [v for k, v in rows[-1].items() if k.endswith("_idle_frac")]
@@ -52,7 +57,7 @@ def measure(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
         "tokens_per_s": tokens / seconds,
         "final_accuracy": results["after"]["accuracy"],
         "reward_last5": sum(r["reward_mean"] for r in rows[-5:]) / 5,
-        "max_staleness": max(lag for r in rows for lag in r["staleness"]),
+        "max_staleness": int(max(lag for r in rows for lag in r["staleness"])),
         "trainer_busy_frac": rows[-1]["trainer_busy_frac"],
         "instance_idle_frac": sum(idle) / len(idle),
         "seconds": seconds,
@@ -65,11 +70,16 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--reuse", action="store_true",
+                        help="summarise the runs already in --workdir instead of running them")
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.WARNING)
     names = args.schedules.split(",")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="e2e-"))
-    measured = {name: measure(name, args.variant, args.steps, workdir) for name in names}
+    if args.reuse:
+        measured = {name: summarize(workdir / name) for name in names}
+    else:
+        measured = {name: measure(name, args.variant, args.steps, workdir) for name in names}
 
     print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
           f"{'trainer busy':>12s} {'inst idle':>9s}")
