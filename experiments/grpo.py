@@ -35,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.seed = 0
     c.task.reward = "exact_answer"
     c.task.chat_template = "chatml"  # '' for raw prompts
-    c.task.instruction = "Answer with just the number."
+    c.task.instruction = ""  # the bare question: the base model rambles, RL teaches it to answer
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.group_size = 4
@@ -68,7 +68,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.num_microbatches = 2
     c.train.advantage = "grpo"
     c.train.policy_loss = "dapo"
-    c.train.tis_cap = 2.0
+    # 0 = the DAPO clip against the engine's behaviour log-probs: its clipped ratio is the
+    # off-policy correction and the trust region. With tis_cap > 0 the losses clip against
+    # the trainer's current params instead (one update per batch: no trust region at all),
+    # and η = 2 then collapsed SmolLM2 to short wrong answers (42.0% → 43.5% held out).
+    c.train.tis_cap = 0.0
     c.train.kl_coef = 0.0
     c.train.entropy_coef = 0.0
     c.train.aggregation = "token-mean"
