@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 
+from asyncrl.config_args import ConfigError, parse_arg  # noqa: F401 - the config API
 from asyncrl.coordinator.loop import SCHEDULES
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
@@ -20,32 +21,6 @@ from asyncrl.coordinator.routing import ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.rewards.registry import REWARDS
-
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the field."""
-
-
-def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
-    """Parses "tiny,eta=2" against typed defaults: a bare word sets a bool default to True."""
-    parsed = ml_collections.ConfigDict(defaults)
-    for item in filter(None, (arg or "").split(",")):
-        key, _, value = item.partition("=")
-        if key not in defaults:
-            raise ConfigError(f"config argument {key!r} is unknown; known: {', '.join(sorted(defaults))}")
-        default = defaults[key]
-        if not value:
-            if not isinstance(default, bool):
-                raise ConfigError(f"config argument {key!r} needs a value ({key}=...)")
-            parsed[key] = True
-        elif isinstance(default, bool):
-            parsed[key] = value.lower() in ("1", "true", "yes")
-        else:
-            try:
-                parsed[key] = type(default)(value)
-            except ValueError:
-                raise ConfigError(f"config argument {key}={value!r}: expected {type(default).__name__}") from None
-    return parsed
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:

@@ -13,7 +13,7 @@ with itself and stop (kind echo1; responses of 1-4 tokens): what the tests run, 
 minute on a 2-core CPU.
 """
 
-from asyncrl.config import parse_arg
+from asyncrl.config_args import parse_arg
 
 import ml_collections
 

@@ -17,19 +17,8 @@ groups of 16, 4 trainer GPUs per rollout instance.
 
 import ml_collections
 
+from asyncrl.config_args import parse_arg
 from asyncrl.sim.config import run_config
-
-
-def parse_arg(arg, **defaults):
-    """`key=value,flag` → a ConfigDict over `defaults`; an unknown key is an error."""
-    out = ml_collections.ConfigDict(defaults)
-    for item in filter(None, (arg or "").split(",")):
-        key, _, value = item.partition("=")
-        if key not in defaults:
-            raise ValueError(f"unknown config arg {key!r}; known: {', '.join(sorted(defaults))}")
-        default = defaults[key]
-        out[key] = True if not value and isinstance(default, bool) else type(default)(value)
-    return out
 
 
 def get_config(arg=None):

@@ -1,0 +1,36 @@
+"""Parsing the argument of a config file's `get_config(arg)`: "tiny,eta=2" style.
+
+Kept free of heavy imports so configs that must not load JAX (the simulator's) can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field."""
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+    """Parses "tiny,eta=2" against typed defaults: a bare word sets a bool default to True."""
+    parsed = ml_collections.ConfigDict(defaults)
+    for item in filter(None, (arg or "").split(",")):
+        key, _, value = item.partition("=")
+        if key not in defaults:
+            raise ConfigError(f"config argument {key!r} is unknown; known: {', '.join(sorted(defaults))}")
+        default = defaults[key]
+        if not value:
+            if not isinstance(default, bool):
+                raise ConfigError(f"config argument {key!r} needs a value ({key}=...)")
+            parsed[key] = True
+        elif isinstance(default, bool):
+            parsed[key] = value.lower() in ("1", "true", "yes")
+        else:
+            try:
+                parsed[key] = type(default)(value)
+            except ValueError:
+                raise ConfigError(f"config argument {key}={value!r}: expected {type(default).__name__}") from None
+    return parsed
