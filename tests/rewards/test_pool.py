@@ -4,18 +4,9 @@ import pytest
 
 from asyncrl.rewards import REWARDS, RewardPool
 from asyncrl.rewards.registry import exact_answer
+from tests.rewards.helpers import wait_for
 
 HOSTILE = "tests.rewards._hostile"
-
-
-def wait_for(pool, n, limit_s=60):
-    outcomes = {}
-    deadline = time.monotonic() + limit_s
-    while len(outcomes) < n and time.monotonic() < deadline:
-        outcomes.update(pool.poll())
-        time.sleep(0.02)
-    assert len(outcomes) == n, f"only {len(outcomes)} of {n} outcomes arrived"
-    return outcomes
 
 
 @pytest.fixture(scope="module")
