@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import pathlib
 import threading
@@ -33,17 +34,22 @@ from asyncrl.coordinator.routing import build_router
 from asyncrl.coordinator.sync import build_sync_policy
 from asyncrl.data.arithmetic import ArithmeticTask, Problem, PromptCursor
 from asyncrl.data.tokenizer import char_tokenizer
+from asyncrl.evaluation import greedy_eval
+from asyncrl.metrics import MetricsWriter
 from asyncrl.model import (ModelConfig, ShardingRules, default_policy_path, format_chat,
                            graphdef_for, init_params, load_gguf, load_hf, shardings_for)
-from asyncrl.rewards import RewardPool
+from asyncrl.progress import Progress
+from asyncrl.rewards import REWARDS, RewardPool
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import StalenessManager
+from asyncrl.train.checkpoint import ResumeData
+from asyncrl.train.loop import StopTraining, train
 from asyncrl.train.losses import LossConfig
-from asyncrl.train.trainer import TrainConfig, Trainer, trainer_mesh
+from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer, trainer_mesh
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +173,7 @@ class System:
             self.instances.append(RolloutInstance(i, engine, self.parameters, shardings,
                                                   self.trajectories, self.coordinator.events.put))
         self.batch_stats: dict[str, Any] = {}
+        self.eval_engine: Engine | None = None  # greedy, on the first rollout mesh
         self.trainer_wait_s = 0.0  # waiting for a READY buffer: the trainer's idle time
 
     def _latency_model(self) -> LatencyModel | None:
@@ -237,8 +244,6 @@ class System:
 
 def build_batch(groups, v_traj: list[int], version: int, max_len: int, group_size: int):
     """Consumed groups → a TrainBatch of host arrays, B·G rows right-padded to max_len."""
-    from asyncrl.train.trainer import TrainBatch
-
     rows = [r for g in groups for r in g]
     n = len(rows)
     tokens = np.zeros((n, max_len), np.int32)
@@ -264,8 +269,6 @@ def build_batch(groups, v_traj: list[int], version: int, max_len: int, group_siz
 
 def resume_data(system: System):
     """Everything beside the TrainState a resume needs; taken with the coordinator paused."""
-    from asyncrl.train.checkpoint import ResumeData
-
     with system.coordinator.paused():
         meta, arrays = system.trajectories.state_dict()
         coordinator = system.coordinator
@@ -307,7 +310,6 @@ class _Source:
         try:
             return self.system.next_batch(version)
         except Interrupted:
-            from asyncrl.train.loop import StopTraining
             raise StopTraining("interrupted while waiting for a batch") from None
 
     def resume_data(self):
@@ -319,17 +321,16 @@ class _Source:
 
 def evaluate(system: System, params, version: int, label: str):
     """Greedy held-out accuracy on the first rollout mesh."""
-    from asyncrl.evaluation import greedy_eval
-    from asyncrl.rewards.registry import REWARDS
-
     c = system.c
     mesh = system.rollout_meshes[0]
     rules = ShardingRules.replicated()
-    engine = Engine(system.graphdef, system.policy.config, num_slots=c.rollout.num_slots,
-                    max_len=c.rollout.prompt_bucket + c.eval.max_new_tokens,
-                    prompt_buckets=(c.rollout.prompt_bucket,),
-                    sampling=SamplingParams(temperature=0.0), max_new_tokens=c.eval.max_new_tokens,
-                    seed=c.seed, mesh=mesh, rules=rules)
+    if system.eval_engine is None:  # built once: the before and after evaluations share its compiles
+        system.eval_engine = Engine(
+            system.graphdef, system.policy.config, num_slots=c.rollout.num_slots,
+            max_len=c.rollout.prompt_bucket + c.eval.max_new_tokens,
+            prompt_buckets=(c.rollout.prompt_bucket,), sampling=SamplingParams(temperature=0.0),
+            max_new_tokens=c.eval.max_new_tokens, seed=c.seed, mesh=mesh, rules=rules)
+    engine = system.eval_engine
     params = jax.device_put(params, shardings_for(params, mesh, rules))
     problems = system.heldout.take(0, c.eval.heldout_size)
     result = greedy_eval(engine, params, [system.prompt(p).tokens for p in problems],
@@ -346,12 +347,6 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
 
     Resume order: 1. the latest checkpoint in `workdir`  2. scratch (the configured policy).
     """
-    import json
-
-    from asyncrl.metrics import MetricsWriter
-    from asyncrl.progress import Progress
-    from asyncrl.train.loop import train
-
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     config_lib.validate(c, jax.device_count())
