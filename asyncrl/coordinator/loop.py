@@ -33,7 +33,7 @@ from asyncrl.registry import Registry
 from asyncrl.coordinator.routing import PendingQueue, Request, Router, eligible_new, eligible_resume
 from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.coordinator.view import ClusterView, InstanceView
-from asyncrl.rollout.messages import Event, Snapshot, Trajectory, Work
+from asyncrl.rollout.messages import Event, InstanceFailed, Snapshot, Trajectory, Work
 from asyncrl.rewards import RewardPool
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.servers.trajectory import TrajectoryServer
@@ -56,7 +56,7 @@ class Prompt:
 class Instance(Protocol):
     id: int
 
-    def submit(self, work: Work) -> None: ...
+    def submit(self, work: Work) -> None: ...  # raises InstanceFailed once it has died
     def request_sync(self) -> None: ...
     def request_drop(self, trajectory_ids: set[int]) -> None: ...
     def request_extract(self, count: int) -> None: ...
@@ -218,19 +218,40 @@ class Coordinator:
         elif event.kind == "failed":
             log.error("rollout instance %d failed (%r); re-routing its %d trajectories",
                       event.instance, event.error, len(event.lost_ids))
-            self._dead.add(event.instance)
-            self.counters.failed_instances += 1
-            if len(self._dead) == len(self.instances):
-                raise RuntimeError("every rollout instance has failed") from event.error
-            for t in event.lost_ids:
-                try:
-                    if self.server.state(t) in (TrajectoryState.ROUTED, TrajectoryState.RUNNING):
-                        self.server.interrupt(t)
-                    record = self.server.record(t)
-                except (StalenessError, KeyError):
-                    continue  # aborted meanwhile
-                self._queue_resume(record.entry_id, to_engine_record(record))
-                self.counters.rerouted_after_failure += 1
+            self._mark_dead(event.instance, event.error)
+            self._reroute(event.lost_ids)
+
+    def _mark_dead(self, instance: int, error: BaseException | None) -> None:
+        if instance in self._dead:
+            return
+        self._dead.add(instance)
+        self.counters.failed_instances += 1
+        if len(self._dead) == len(self.instances):
+            raise RuntimeError("every rollout instance has failed") from error
+
+    def _reroute(self, trajectory_ids) -> None:
+        for t in trajectory_ids:
+            try:
+                if self.server.state(t) in (TrajectoryState.ROUTED, TrajectoryState.RUNNING):
+                    self.server.interrupt(t)
+                record = self.server.record(t)
+            except (StalenessError, KeyError):
+                continue  # aborted meanwhile
+            self._queue_resume(record.entry_id, to_engine_record(record))
+            self.counters.rerouted_after_failure += 1
+
+    def _submit(self, target: int, work: Work, cluster: ClusterView) -> None:
+        """Hands work to an instance; if it died since its snapshot, the work is re-routed."""
+        try:
+            self.instances[target].submit(work)
+        except InstanceFailed as error:
+            # Its "failed" event is still in flight; it holds none of this work.
+            log.warning("%s; re-routing %d trajectories", error, len(work.trajectories))
+            self._mark_dead(target, error)
+            cluster.queued[target] = cluster.num_slots[target]
+            self._reroute([t.trajectory_id for t in work.trajectories])
+            return
+        cluster.queued[target] += len(work.trajectories)
 
     def _queue_resume(self, entry: int, record: Trajectory, prefer: int | None = None) -> None:
         self._resume.push((entry, record, prefer), self.server.v_traj(entry))
@@ -337,8 +358,7 @@ class Coordinator:
                 waiting.append((entry, record, v_traj))
                 continue
             self.server.route(record.trajectory_id, target)
-            self.instances[target].submit(Work(entry, [record]))
-            cluster.queued[target] += 1
+            self._submit(target, Work(entry, [record]), cluster)
         for entry, record, v_traj in waiting:
             self._resume.push((entry, record, None), v_traj)
 
@@ -379,10 +399,9 @@ class Coordinator:
             prompt_array = np.asarray(prompt.tokens, np.int32)
             for t in ids:
                 self.server.route(t, target)
-            self.instances[target].submit(
-                Work(entry, [Trajectory(t, prompt_array, self.max_new_tokens) for t in ids]))
             self.counters.dispatched += 1
-            cluster.queued[target] += responses
+            self._submit(target, Work(entry, [Trajectory(t, prompt_array, self.max_new_tokens)
+                                              for t in ids]), cluster)
 
 
 def to_engine_record(record) -> Trajectory:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 
 from asyncrl.rollout.engine import Engine
-from asyncrl.rollout.messages import Event, Snapshot, Trajectory, Work
+from asyncrl.rollout.messages import Event, InstanceFailed, Snapshot, Trajectory, Work
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.servers.trajectory import TrajectoryServer
 
@@ -83,7 +83,7 @@ class RolloutInstance:
     def submit(self, work: Work) -> None:
         with self._lock:
             if not self._alive:
-                raise RuntimeError(f"rollout instance {self.id} has failed; route elsewhere")
+                raise InstanceFailed(f"rollout instance {self.id} has failed; route elsewhere")
             self._queue.append(work)
             for t in work.trajectories:
                 self._entry_of[t.trajectory_id] = work.entry_id

@@ -34,6 +34,10 @@ class Trajectory:
 
 
 
+class InstanceFailed(RuntimeError):
+    """`submit` to an instance whose thread has died: the work was not taken."""
+
+
 @dataclasses.dataclass
 class Work:
     """A group to start (one prefill fanned out into its members) or one trajectory to resume."""
