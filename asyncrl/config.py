@@ -65,6 +65,9 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         _int_at_least(config, field, minimum)
     for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm"):
         _positive(config, field)
+    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling"):
+        if not isinstance(_get(config, field), bool):
+            _fail(field, _get(config, field), "expected True or False")
     for field, registry in [
         ("schedule", SCHEDULES), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),

@@ -171,7 +171,8 @@ class System:
                             sampling=sampling, seed=c.seed, mesh=mesh, rules=rules)
             shardings = shardings_for(self.policy.params, mesh, rules)
             self.instances.append(RolloutInstance(i, engine, self.parameters, shardings,
-                                                  self.trajectories, self.coordinator.events.put))
+                                                  self.trajectories, self.coordinator.events.put,
+                                                  partial_rollout=c.coordinator.partial_rollout))
         self.batch_stats: dict[str, Any] = {}
         self.eval_engine: Engine | None = None  # greedy, on the first rollout mesh
         self.trainer_wait_s = 0.0  # waiting for a READY buffer: the trainer's idle time

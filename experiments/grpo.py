@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.coordinator.routing = "least_loaded"
     c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
+    c.coordinator.partial_rollout = True  # a sync keeps running trajectories (else: drain first)
     c.coordinator.migration = "balance"
     c.coordinator.redundancy = "none"
     c.coordinator.dynamic_sampling = False
