@@ -52,23 +52,26 @@ def np_agg_weights(mask, mode):
 def np_policy(name, logp, prox, behaviour, adv, mask, eps_low, eps_high, cap):
     """Per-token loss, clipped flag, weight — straight from the papers' formulas."""
     A = np.broadcast_to(adv[:, None], logp.shape)
-    if name in ("dapo", "grpo", "decoupled_ppo"):
-        old = prox if (name == "decoupled_ppo" or cap is not None) else behaviour
-        ratio = np.exp(logp - old)
+    if name == "decoupled_ppo":
+        ratio = np.exp(logp - prox)
         raw_w = np.exp(prox - behaviour)
-        if name == "decoupled_ppo":
-            w = raw_w if cap is None else np.where(raw_w > cap, 0.0, raw_w)
-        else:
-            w = np.ones_like(ratio) if cap is None else np.minimum(raw_w, cap)
-    else:  # gspo
+        w = raw_w if cap is None else np.where(raw_w > cap, 0.0, raw_w)
+        objective = np.minimum(ratio * A, np.clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+        clipped = ((A > 0) & (ratio > 1 + eps_high)) | ((A < 0) & (ratio < 1 - eps_low))
+        return -w * objective, clipped, w
+    if name == "gspo":
         lengths = np.maximum(mask.sum(1, keepdims=True), 1)
-        old = behaviour if cap is None else prox
-        ratio = np.exp((mask * (logp - old)).sum(1, keepdims=True) / lengths) * np.ones_like(logp)
-        seq_w = np.exp((mask * (prox - behaviour)).sum(1, keepdims=True) / lengths)
-        w = np.ones_like(logp) if cap is None else np.minimum(seq_w, cap) * np.ones_like(logp)
-    unclipped = np.minimum(ratio * A, np.clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+        ratio = np.exp((mask * (logp - behaviour)).sum(1, keepdims=True) / lengths) * np.ones_like(logp)
+    else:
+        ratio = np.exp(logp - behaviour)
+    objective = np.minimum(ratio * A, np.clip(ratio, 1 - eps_low, 1 + eps_high) * A)
     clipped = ((A > 0) & (ratio > 1 + eps_high)) | ((A < 0) & (ratio < 1 - eps_low))
-    return -w * unclipped, clipped, w
+    if cap is None:
+        return -objective, clipped, ratio
+    # Dual clip (Ye et al. 2020): a negative advantage's objective is bounded below by C·A.
+    objective = np.where(A < 0, np.maximum(objective, cap * A), objective)
+    clipped = clipped | ((A < 0) & (ratio > cap))
+    return -objective, clipped, np.minimum(ratio, cap)
 
 
 def _policy_inputs(seed, name):
