@@ -6,9 +6,20 @@
 
     config, params, tokenizer = load_gguf(default_policy_path())
     graphdef = graphdef_for(config)
+    render = resolve_chat_template("auto", default_policy_path())
 """
 
-from asyncrl.model.chat import END_OF_TURN, format_chat, format_chatml, format_llama3
+from asyncrl.model.chat import (
+    BOXED_SYSTEM_PROMPT,
+    CHAT_TEMPLATE_SETTINGS,
+    END_OF_TURN,
+    ChatTemplate,
+    format_chat,
+    format_chatml,
+    format_llama3,
+    prompt_messages,
+    resolve_chat_template,
+)
 from asyncrl.model.config import ARCHITECTURES, Llama3RopeScaling, ModelConfig
 from asyncrl.model.gguf_loader import load_gguf
 from asyncrl.model.loading import default_policy_path, export_hf, load_hf, load_tokenizer
@@ -31,8 +42,11 @@ from asyncrl.model.weights import CheckpointError, hf_tensor_names
 
 __all__ = [
     "ARCHITECTURES",
+    "BOXED_SYSTEM_PROMPT",
     "CACHE_AXES",
+    "CHAT_TEMPLATE_SETTINGS",
     "END_OF_TURN",
+    "ChatTemplate",
     "CheckpointError",
     "Decoder",
     "KVCache",
@@ -54,5 +68,7 @@ __all__ = [
     "load_gguf",
     "load_hf",
     "load_tokenizer",
+    "prompt_messages",
+    "resolve_chat_template",
     "shardings_for",
 ]
