@@ -16,20 +16,22 @@ are not rows (a trailing newline is not data) and are passed over.
 arithmetic task; it equals the row index in the file when nothing was skipped, and
 `dataset.source_line(i)` gives the file line either way.
 
-The data position of a run is a `ShuffledCursor`: a fresh permutation per epoch drawn from
-(seed, epoch), so its state (seed, epoch, position) is a few ints and a resumed run neither
-repeats nor skips a prompt.
+The data position of a run is a `ShuffledCursor`: grain's global shuffle, a fresh
+permutation per epoch drawn from (seed, epoch), so its state (seed, epoch, position) is a few
+ints and a resumed run neither repeats nor skips a prompt. It reads this module's in-memory
+`MathDataset` or a dataset prepared on disk by `asyncrl.data.tfds_builders` alike.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import pathlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
-import numpy as np
+import grain
 
 from asyncrl.data.arithmetic import Problem
 from asyncrl.rewards.math import gsm8k_reference, last_boxed
@@ -136,8 +138,25 @@ _MAKERS: dict[str, Callable[[dict, int], Problem]] = {"gsm8k": _gsm8k_problem,
                                                       "math": _math_problem}
 
 
-def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> MathDataset:
-    """Loads a local GSM8K (JSONL) or MATH / DAPO-style (JSONL or parquet) file."""
+@dataclasses.dataclass
+class Skipped:
+    """The malformed rows a read passed over (skip_malformed=True only): an exact count and
+    the first few messages."""
+
+    count: int = 0
+    errors: list[str] = dataclasses.field(default_factory=list)
+
+
+def read_problems(path: str | pathlib.Path, kind: str, skip_malformed: bool = False,
+                  skipped: Skipped | None = None) -> Iterator[tuple[Problem, int]]:
+    """(problem, 1-based line or parquet row) for each good row; prompt ids count from 0.
+
+    The one row parser: `load` and the TFDS builders (`asyncrl.data.tfds_builders`) both read
+    through it, so a row means the same thing, and fails the same way, on either path. The
+    kind, file and suffix are checked at the call; the rows as the iterator is drained. A
+    malformed row raises, or with `skip_malformed` is counted in `skipped` and logged once
+    the file is done; a file with no good row raises at the end.
+    """
     if kind not in _MAKERS:
         raise ValueError(f"math data: kind must be one of {FORMATS}, got {kind!r}")
     path = pathlib.Path(path)
@@ -151,34 +170,44 @@ def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> M
         rows, unit = _jsonl_rows(path), "line"
     else:
         raise ValueError(f"{path}: expected a .jsonl or .parquet file, got suffix {path.suffix!r}")
+    return _good_rows(path, kind, rows, unit, skip_malformed,
+                      Skipped() if skipped is None else skipped)
 
+
+def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], unit: str,
+               skip_malformed: bool, skipped: Skipped) -> Iterator[tuple[Problem, int]]:
     make = _MAKERS[kind]
-    problems: list[Problem] = []
-    lines: list[int] = []
-    skipped, errors = 0, []
+    good = 0
     for number, row in rows:
         try:
             if isinstance(row, Exception):
                 raise row
             if not isinstance(row, dict):
                 raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
-            problem = make(row, len(problems))
+            problem = make(row, good)
         except ValueError as e:
             message = f"{path}: {unit} {number} ({kind}): {e}"
             if not skip_malformed:
                 raise ValueError(message + " (skip_malformed=True skips such rows)") from None
-            skipped += 1
-            if len(errors) < _KEPT_ERRORS:
-                errors.append(message)
+            skipped.count += 1
+            if len(skipped.errors) < _KEPT_ERRORS:
+                skipped.errors.append(message)
             continue
-        problems.append(problem)
-        lines.append(number)
-    if skipped:
-        log.warning("%s: skipped %d malformed %ss of %d; first: %s", path, skipped, unit,
-                    skipped + len(problems), errors[0])
-    if not problems:
-        raise ValueError(f"{path}: no usable {kind} problems (skipped {skipped} malformed)")
-    return MathDataset(str(path), problems, lines, skipped, errors)
+        good += 1
+        yield problem, number
+    if skipped.count:
+        log.warning("%s: skipped %d malformed %ss of %d; first: %s", path, skipped.count, unit,
+                    skipped.count + good, skipped.errors[0])
+    if not good:
+        raise ValueError(f"{path}: no usable {kind} problems (skipped {skipped.count} malformed)")
+
+
+def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> MathDataset:
+    """Loads a local GSM8K (JSONL) or MATH / DAPO-style (JSONL or parquet) file into memory."""
+    skipped = Skipped()
+    pairs = list(read_problems(path, kind, skip_malformed, skipped))
+    return MathDataset(str(path), [p for p, _ in pairs], [line for _, line in pairs],
+                       skipped.count, skipped.errors)
 
 
 def load_gsm8k(path: str | pathlib.Path, skip_malformed: bool = False) -> MathDataset:
@@ -192,31 +221,47 @@ def load_math(path: str | pathlib.Path, skip_malformed: bool = False) -> MathDat
 # -------------------------------------------------------------------------------- the cursor
 
 
+class ProblemSource(Protocol):
+    """What a cursor reads: random access to a finite list of problems, `problem i` having
+    prompt_id i. `MathDataset` (in memory) and `tfds_builders.PreparedDataset` (on disk) are
+    two."""
+
+    path: str
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Problem: ...
+
+
 class ShuffledCursor:
     """The data position over a finite dataset: every epoch visits each problem once, in an
     order drawn from (seed, epoch). Same interface as `arithmetic.PromptCursor`.
 
-    The state is (seed, epoch, position) plus the dataset size, checked on load: resuming
-    against a different file (or with a different seed) would silently change the order, so
-    it is refused instead.
+    The order is grain's global shuffle (`MapDataset.seed(seed).shuffle().repeat()`): random
+    access by the global index epoch·size + position, with a fresh permutation per epoch, so
+    an epoch's order is known without replaying the ones before it and the state is a few
+    ints. The state carries the dataset size, seed and shuffle flag, checked on load:
+    resuming against a different file or seed would silently change the order, so it is
+    refused instead.
     """
 
-    def __init__(self, dataset: MathDataset, seed: int, shuffle: bool = True):
+    def __init__(self, dataset: ProblemSource, seed: int, shuffle: bool = True):
         if len(dataset) == 0:
             raise ValueError("shuffled cursor: the dataset is empty")
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+            raise ValueError(f"shuffled cursor: seed must be an int ≥ 0, got {seed!r}")
         self.dataset = dataset
         self.seed = seed
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
-        self._order = self._order_of(0)
-
-    def _order_of(self, epoch: int) -> np.ndarray:
-        if not self.shuffle:
-            return np.arange(len(self.dataset))
-        # A fresh stream per (seed, epoch): an epoch's order is known without replaying the
-        # ones before it, which is what makes the state a few ints.
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.dataset))
+        stream = grain.MapDataset.source(dataset)
+        if shuffle:
+            # `seed` feeds grain's seed derivation rather than `shuffle(seed=...)`: that one
+            # shuffles epoch e with seed + e, so seed s from epoch 1 on would replay the
+            # orders of seed s + 1 from epoch 0.
+            stream = stream.seed(seed).shuffle()
+        self._stream = stream.repeat()
 
     def __iter__(self) -> Iterator[Problem]:
         return self
@@ -225,8 +270,7 @@ class ShuffledCursor:
         if self.position == len(self.dataset):
             self.epoch += 1
             self.position = 0
-            self._order = self._order_of(self.epoch)
-        problem = self.dataset[int(self._order[self.position])]
+        problem = self._stream[self.epoch * len(self.dataset) + self.position]
         self.position += 1
         return problem
 
@@ -252,4 +296,3 @@ class ShuffledCursor:
             raise ValueError(f"shuffled cursor state: position must be ≤ the dataset size "
                              f"{len(self.dataset)}, got {state['position']}")
         self.epoch, self.position = state["epoch"], state["position"]
-        self._order = self._order_of(self.epoch)
