@@ -20,6 +20,8 @@ from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
 from asyncrl.coordinator.routing import ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 from asyncrl.data.arithmetic import KINDS
+from asyncrl.data.sources import DATASETS
+from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.rewards.registry import REWARDS
 
 
@@ -60,12 +62,13 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         ("mesh.trainer_devices", 1), ("mesh.rollout_instances", 1),
         ("mesh.devices_per_instance", 1), ("train.num_microbatches", 1),
         ("checkpoint.every_steps", 0), ("checkpoint.keep", 1), ("rewards.workers", 1),
-        ("eval.heldout_size", 0), ("task.seed", 0), ("seed", 0),
+        ("eval.heldout_size", 0), ("eval.every_steps", 0), ("eval.samples", 0),
+        ("task.seed", 0), ("seed", 0),
     ]:
         _int_at_least(config, field, minimum)
     for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm"):
         _positive(config, field)
-    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling"):
+    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
     for field, registry in [
@@ -74,9 +77,28 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         ("task.reward", REWARDS),
     ]:
         _one_of(config, field, registry)
+    if config.task.dataset not in DATASETS:
+        _fail("task.dataset", config.task.dataset, f"one of {', '.join(DATASETS)}")
+    if config.task.dataset != "arithmetic":
+        for field in ("task.train_path", "task.heldout_path"):
+            if not os.path.isfile(_get(config, field)):
+                _fail(field, _get(config, field),
+                      f"the path of a local {config.task.dataset} file (task.dataset)")
     for kind in config.task.kinds:
         if kind not in KINDS:
             _fail("task.kinds", tuple(config.task.kinds), f"registered kinds: {', '.join(KINDS.names())}")
+    if config.task.chat_template not in CHAT_TEMPLATE_SETTINGS:
+        _fail("task.chat_template", config.task.chat_template,
+              f"one of {', '.join(map(repr, CHAT_TEMPLATE_SETTINGS))} ('auto': the checkpoint's own)")
+    if config.task.system_prompt and not config.task.chat_template:
+        _fail("task.system_prompt", config.task.system_prompt,
+              "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
+    if config.eval.format_reward and config.eval.format_reward not in REWARDS:
+        _fail("eval.format_reward", config.eval.format_reward,
+              f"'' or a registered reward: {', '.join(REWARDS.names())}")
+    ks = tuple(config.eval.pass_k)
+    if config.eval.samples and not all(isinstance(k, int) and 1 <= k <= config.eval.samples for k in ks):
+        _fail("eval.pass_k", ks, f"each k an int in [1, eval.samples = {config.eval.samples}]")
     if config.rollout.group_size > config.rollout.num_slots:
         _fail("rollout.group_size", config.rollout.group_size,
               f"a group is prefilled into group_size slots at once; at most rollout.num_slots "

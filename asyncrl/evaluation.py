@@ -1,57 +1,178 @@
-"""Greedy held-out evaluation on a rollout engine: accuracy and mean response length; and
-the unbiased pass@k estimator for sampled evaluation.
+"""Held-out evaluation on a rollout engine: greedy accuracy, sampled pass@k, response length
+and answer-format rate; and the unbiased pass@k estimator.
 
-Runs on its own engine (temperature 0) so it never disturbs the training rollouts' random
-streams; the slots are refilled continuously, as in rollout.
+Runs on engines of its own (greedy: temperature 0; sampled: the rollout's sampling) so it
+never disturbs the training rollouts' random streams; the slots are refilled continuously,
+as in rollout, and a problem's k samples share one prefill (multi-sampling).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
+import jax
 import numpy as np
 
+from asyncrl.model import ShardingRules, shardings_for
+from asyncrl.rewards import REWARDS
 from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+Score = Callable[[str, str], float]  # (response, answer) -> reward; 1.0 means correct
+
+
+@dataclasses.dataclass(frozen=True)
+class Completions:
+    """Every response to every problem: `correct` and `formatted` are [problems, samples]."""
+
+    correct: np.ndarray
+    formatted: np.ndarray
+    lengths: np.ndarray
+    seconds: float
+
+
+def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: Sequence[str],
+             decode: Callable[[list[int]], str], score: Score, samples: int = 1,
+             is_formatted: Score | None = None, version: int = 0) -> Completions:
+    """Generates `samples` responses per prompt and scores each."""
+    if not 1 <= samples <= engine.num_slots:
+        raise ValueError(f"samples per problem must be in [1, num_slots={engine.num_slots}], "
+                         f"got {samples}")
+    start = time.perf_counter()
+    shape = (len(prompts), samples)
+    correct, formatted, lengths = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    state = engine.init_decode_state()
+    pending = list(range(len(prompts)))[::-1]
+    while pending or len(engine.free_slots()) < engine.num_slots:
+        free = engine.free_slots()
+        while pending and len(free) >= samples:
+            i = pending.pop()
+            # Sample j of problem i is trajectory i·samples + j: its own random stream.
+            ids = [i * samples + j for j in range(samples)]
+            prefix, _ = engine.prefill(params, np.asarray(prompts[i], np.int32),
+                                       trajectory_id=ids, version=version)
+            state = engine.insert(prefix, state, free[:samples])
+            free = free[samples:]
+        if engine.running():
+            state, _ = engine.generate(params, state, version=version)
+        for record in engine.pop_finished():
+            i, j = divmod(record.trajectory_id, samples)
+            response = decode(record.tokens)
+            correct[i, j] = score(response, answers[i]) >= 1.0
+            formatted[i, j] = is_formatted(response, answers[i]) >= 1.0 if is_formatted else np.nan
+            lengths[i, j] = len(record.tokens)
+    return Completions(correct, formatted, lengths, time.perf_counter() - start)
 
 
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
-    accuracy: float
-    mean_length: float
+    accuracy: float  # greedy
+    mean_length: float  # greedy responses, tokens
+    format_rate: float | None  # greedy responses in the asked-for format; None: no check set
     num_problems: int
     seconds: float
+    pass_at: dict[int, float] | None = None  # k -> pass@k over the sampled responses
+    samples: int = 0  # sampled responses per problem (0: greedy only)
 
     def as_dict(self, prefix: str) -> dict[str, float]:
-        return {f"{prefix}_accuracy": self.accuracy, f"{prefix}_mean_length": self.mean_length}
+        """Flat figures for a metrics line: `{prefix}_accuracy`, `{prefix}_pass@4`, ..."""
+        out = {f"{prefix}_accuracy": self.accuracy, f"{prefix}_mean_length": self.mean_length}
+        if self.format_rate is not None:
+            out[f"{prefix}_format_rate"] = self.format_rate
+        for k, value in (self.pass_at or {}).items():
+            out[f"{prefix}_pass@{k}"] = value
+        return out
 
 
-def greedy_eval(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: Sequence[str],
-                decode: Callable[[list[int]], str], score: Callable[[str, str], float],
-                version: int = 0) -> EvalResult:
-    start = time.perf_counter()
-    state = engine.init_decode_state()
-    pending = list(range(len(prompts)))[::-1]
-    rewards = np.zeros(len(prompts))
-    lengths = np.zeros(len(prompts))
-    # Trajectory ids only seed sampling, which greedy decoding does not use.
-    while pending or len(engine.free_slots()) < engine.num_slots:
-        free = engine.free_slots()
-        while pending and free:
-            i = pending.pop()
-            prefix, _ = engine.prefill(params, np.asarray(prompts[i], np.int32), trajectory_id=i,
-                                       version=version)
-            state = engine.insert(prefix, state, free.pop(0))
-        if engine.running():
-            state, _ = engine.generate(params, state, version=version)
-        for record in engine.pop_finished():
-            i = record.trajectory_id
-            rewards[i] = score(decode(record.tokens), answers[i])
-            lengths[i] = len(record.tokens)
-    return EvalResult(float(rewards.mean()) if len(prompts) else 0.0,
-                      float(lengths.mean()) if len(prompts) else 0.0, len(prompts),
-                      time.perf_counter() - start)
+def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, params,
+                    prompts: Sequence[Sequence[int]], answers: Sequence[str],
+                    decode: Callable[[list[int]], str], score: Score, *,
+                    is_formatted: Score | None = None, samples: int = 0,
+                    pass_ks: Sequence[int] = (), version: int = 0) -> EvalResult:
+    """Greedy accuracy, length and format rate; with `samples` > 0 also pass@k for each k
+    in `pass_ks` from that many sampled responses per problem."""
+    if samples and any(not 1 <= k <= samples for k in pass_ks):
+        raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {list(pass_ks)}")
+    greedy = complete(greedy_engine, params, prompts, answers, decode, score, 1, is_formatted,
+                      version)
+    pass_at, seconds = None, greedy.seconds
+    if samples:
+        if sampling_engine is None:
+            raise ValueError("samples > 0 needs a sampling engine")
+        sampled = complete(sampling_engine, params, prompts, answers, decode, score, samples,
+                           None, version)
+        counts = sampled.correct.sum(axis=1).astype(int)
+        pass_at = {int(k): float(np.mean([pass_at_k(samples, c, k) for c in counts]))
+                   for k in pass_ks} if len(prompts) else {int(k): 0.0 for k in pass_ks}
+        seconds += sampled.seconds
+    n = len(prompts)
+    return EvalResult(
+        accuracy=float(greedy.correct.mean()) if n else 0.0,
+        mean_length=float(greedy.lengths.mean()) if n else 0.0,
+        format_rate=float(greedy.formatted.mean()) if n and is_formatted else None,
+        num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples)
+
+
+class Evaluator:
+    """A run's held-out evaluation (config.eval) on one rollout mesh, on engines built at the
+    first call: every evaluation of a run shares their compiles."""
+
+    def __init__(self, c, graphdef, model_config, mesh, heldout, encode: Callable[[Any], Sequence[int]],
+                 decode: Callable[[list[int]], str]):
+        self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
+        self.heldout, self.encode, self.decode = heldout, encode, decode
+        self.seconds = 0.0  # spent evaluating, over the run
+        self._engines: tuple[Engine, Engine | None] | None = None
+
+    def _engine(self, sampling: SamplingParams, num_slots: int) -> Engine:
+        c = self.c
+        return Engine(self.graphdef, self.model_config, num_slots=num_slots,
+                      max_len=c.rollout.prompt_bucket + c.eval.max_new_tokens,
+                      prompt_buckets=(c.rollout.prompt_bucket,), sampling=sampling,
+                      max_new_tokens=c.eval.max_new_tokens,
+                      # Its own seed: evaluation's trajectory ids reuse the rollouts' ids.
+                      seed=c.seed + 1, mesh=self.mesh, rules=ShardingRules.replicated())
+
+    def __call__(self, params, version: int, label: str) -> EvalResult:
+        c = self.c
+        if self._engines is None:
+            sampled = None
+            if c.eval.samples:
+                rollout = SamplingParams(temperature=c.rollout.temperature, top_k=c.rollout.top_k,
+                                         top_p=c.rollout.top_p)
+                # One problem's samples are inserted together: at least that many slots.
+                sampled = self._engine(rollout, max(c.rollout.num_slots, c.eval.samples))
+            self._engines = (self._engine(SamplingParams(temperature=0.0), c.rollout.num_slots),
+                             sampled)
+        greedy, sampled = self._engines
+        params = jax.device_put(params, shardings_for(params, self.mesh, ShardingRules.replicated()))
+        problems = self.heldout.take(0, c.eval.heldout_size)
+        result = evaluate_policy(
+            greedy, sampled, params, [self.encode(p) for p in problems], [p.answer for p in problems],
+            self.decode, _reward_fn(c.task.reward),
+            is_formatted=_reward_fn(c.eval.format_reward) if c.eval.format_reward else None,
+            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version)
+        self.seconds += result.seconds
+        log.info("%s: %s", label, describe(result))
+        return result
+
+
+def describe(result: EvalResult) -> str:
+    passes = "".join(f", pass@{k} {v:.3f}" for k, v in (result.pass_at or {}).items())
+    formatted = "" if result.format_rate is None else f", format {result.format_rate:.3f}"
+    return (f"held-out accuracy {result.accuracy:.3f} on {result.num_problems} problems{passes}"
+            f"{formatted} (mean length {result.mean_length:.1f} tokens, {result.seconds:.1f} s)")
+
+
+def _reward_fn(name: str) -> Score:
+    reward = REWARDS.get(name)
+    return lambda response, answer: reward(response=response, answer=answer)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

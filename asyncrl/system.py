@@ -32,14 +32,16 @@ from asyncrl.coordinator.migration import build_migration_policy
 from asyncrl.coordinator.redundancy import build_redundancy
 from asyncrl.coordinator.routing import build_router
 from asyncrl.coordinator.sync import build_sync_policy
-from asyncrl.data.arithmetic import ArithmeticTask, Problem, PromptCursor
+from asyncrl.data.arithmetic import Problem
+from asyncrl.data.sources import build_task_data
 from asyncrl.data.tokenizer import char_tokenizer
-from asyncrl.evaluation import greedy_eval
+from asyncrl.evaluation import Evaluator
 from asyncrl.metrics import MetricsWriter
-from asyncrl.model import (ModelConfig, ShardingRules, default_policy_path, format_chat,
-                           graphdef_for, init_params, load_gguf, load_hf, shardings_for)
+from asyncrl.model import (ModelConfig, ShardingRules, default_policy_path, graphdef_for,
+                           init_params, load_gguf, load_hf, prompt_messages, resolve_chat_template,
+                           shardings_for)
 from asyncrl.progress import Progress
-from asyncrl.rewards import REWARDS, RewardPool
+from asyncrl.rewards import RewardPool
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.sampling import SamplingParams
@@ -62,11 +64,19 @@ class Policy:
     config: ModelConfig
     params: Any
     tokenizer: Any  # tokenizers.Tokenizer
+    source: pathlib.Path | None  # the checkpoint it was loaded from; None for a random init
+    _renderers: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def encode_prompt(self, problem: Problem, chat_template: str, instruction: str) -> tuple[int, ...]:
+    def encode_prompt(self, problem: Problem, chat_template: str, instruction: str,
+                      system_prompt: str = "") -> tuple[int, ...]:
+        """`chat_template`: 'auto' (the checkpoint's own), a named format, or '' (raw)."""
         text = problem.question + (f" {instruction}" if instruction else "")
-        if chat_template:
-            text = format_chat([{"role": "user", "content": text}], chat_template)
+        if chat_template not in self._renderers:
+            self._renderers[chat_template] = resolve_chat_template(chat_template, self.source)
+        render = self._renderers[chat_template]
+        if render is not None:
+            # The template writes BOS where the model expects it (Llama 3 does, ChatML does not).
+            text = render(prompt_messages(text, system_prompt))
             return tuple(self.tokenizer.encode(text, add_special_tokens=False).ids)
         # Raw prompts start from BOS, as the model saw in pre-training (or, tiny, in RL).
         return (self.config.bos_token_id, *self.tokenizer.encode(text, add_special_tokens=False).ids)
@@ -83,13 +93,24 @@ def load_policy(model_cfg) -> Policy:
         preset = getattr(ModelConfig, model_cfg.preset)
         config = preset(param_dtype=dtype, vocab_size=tokenizer.get_vocab_size()) \
             if model_cfg.preset == "tiny" else preset(param_dtype=dtype)
-        return Policy(config, init_params(config, 0)[1], tokenizer)
+        return Policy(config, init_params(config, 0)[1], tokenizer, None)
     path = default_policy_path() if model_cfg.checkpoint == "embedded" else pathlib.Path(model_cfg.checkpoint)
     if str(path).endswith(".gguf"):
         config, params, tokenizer = load_gguf(path, param_dtype=dtype)
     else:
         config, params, tokenizer = load_hf(path, param_dtype=dtype)
-    return Policy(config, params, tokenizer)
+    return Policy(config, params, tokenizer, path)
+
+
+def encode(c, policy: Policy, problem: Problem) -> Prompt:
+    """A problem as the policy's prompt, checked against the rollout's prompt bucket."""
+    tokens = policy.encode_prompt(problem, c.task.chat_template, c.task.instruction,
+                                  c.task.system_prompt)
+    if len(tokens) > c.rollout.prompt_bucket:
+        raise config_lib.ConfigError(
+            f"config.rollout.prompt_bucket = {c.rollout.prompt_bucket} is shorter than "
+            f"prompt {problem.prompt_id} ({len(tokens)} tokens: {problem.question!r})")
+    return Prompt(problem.prompt_id, tokens, {"answer": problem.answer})
 
 
 # ------------------------------------------------------------------------------ meshes
@@ -141,9 +162,8 @@ class System:
         self.trainer_mesh, self.rollout_meshes = split_devices(c.mesh)
         self.trainer = Trainer.create(make_train_config(c), self.policy.config, self.trainer_mesh,
                                       c.rollout.group_size)
-        self.task = ArithmeticTask(c.task.seed, tuple(c.task.kinds), "train", c.task.style)
-        self.heldout = ArithmeticTask(c.task.seed, tuple(c.task.kinds), "heldout", c.task.style)
-        self.cursor = PromptCursor(self.task)
+        data = build_task_data(c.task, c.eval.heldout_size, self.workdir)
+        self.task, self.heldout, self.cursor = data.train, data.heldout, data.cursor
         redundancy = build_redundancy(c.coordinator.redundancy)
         self.sm = StalenessManager(protocol_eta(c), c.train.batch_size,
                                    redundancy.redundant_batch_size(c.train.batch_size))
@@ -174,7 +194,8 @@ class System:
                                                   self.trajectories, self.coordinator.events.put,
                                                   partial_rollout=c.coordinator.partial_rollout))
         self.batch_stats: dict[str, Any] = {}
-        self.eval_engine: Engine | None = None  # greedy, on the first rollout mesh
+        self.evaluate = Evaluator(c, self.graphdef, self.policy.config, self.rollout_meshes[0],
+                                  self.heldout, lambda p: self.prompt(p).tokens, self.policy.decode)
         self.trainer_wait_s = 0.0  # waiting for a READY buffer: the trainer's idle time
 
     def _latency_model(self) -> LatencyModel | None:
@@ -188,12 +209,7 @@ class System:
             yield self.prompt(problem)
 
     def prompt(self, problem: Problem) -> Prompt:
-        tokens = self.policy.encode_prompt(problem, self.c.task.chat_template, self.c.task.instruction)
-        if len(tokens) > self.c.rollout.prompt_bucket:
-            raise config_lib.ConfigError(
-                f"config.rollout.prompt_bucket = {self.c.rollout.prompt_bucket} is shorter than "
-                f"prompt {problem.prompt_id} ({len(tokens)} tokens: {problem.question!r})")
-        return Prompt(problem.prompt_id, tokens, {"answer": problem.answer})
+        return encode(self.c, self.policy, problem)
 
     # ---------------------------------------------------------------- start / stop
 
@@ -274,7 +290,7 @@ def resume_data(system: System):
         meta, arrays = system.trajectories.state_dict()
         coordinator = system.coordinator
         data_state = {
-            "cursor": system.cursor.position,
+            "cursor": system.cursor.state_dict(),
             "next_entry_id": coordinator.next_entry_id,
             "live": [[e, p.prompt_id] for e, p in coordinator.prompt_of().items()],
             "retry": [p.prompt_id for p in coordinator.retry_prompts()],
@@ -286,7 +302,7 @@ def resume_data(system: System):
 def restore(system: System, resume) -> None:
     """Rewinds a freshly built (not started) system to a checkpoint's ResumeData."""
     d = resume.data_state
-    system.cursor.load_state_dict({"position": d["cursor"]})
+    system.cursor.load_state_dict(d["cursor"])
     system.sm = StalenessManager.from_state_dict(resume.staleness)
     system.trajectories = TrajectoryServer.from_state_dict(resume.trajectories, resume.trajectory_arrays)
     prompt = lambda prompt_id: system.prompt(system.task[prompt_id])  # noqa: E731
@@ -320,29 +336,6 @@ class _Source:
         restore(self.system, resume)
 
 
-def evaluate(system: System, params, version: int, label: str):
-    """Greedy held-out accuracy on the first rollout mesh."""
-    c = system.c
-    mesh = system.rollout_meshes[0]
-    rules = ShardingRules.replicated()
-    if system.eval_engine is None:  # built once: the before and after evaluations share its compiles
-        system.eval_engine = Engine(
-            system.graphdef, system.policy.config, num_slots=c.rollout.num_slots,
-            max_len=c.rollout.prompt_bucket + c.eval.max_new_tokens,
-            prompt_buckets=(c.rollout.prompt_bucket,), sampling=SamplingParams(temperature=0.0),
-            max_new_tokens=c.eval.max_new_tokens, seed=c.seed, mesh=mesh, rules=rules)
-    engine = system.eval_engine
-    params = jax.device_put(params, shardings_for(params, mesh, rules))
-    problems = system.heldout.take(0, c.eval.heldout_size)
-    result = greedy_eval(engine, params, [system.prompt(p).tokens for p in problems],
-                         [p.answer for p in problems], system.policy.decode,
-                         lambda response, answer: REWARDS.get(c.task.reward)(response=response, answer=answer),
-                         version)
-    log.info("%s: held-out accuracy %.3f on %d problems (mean length %.1f tokens, %.1f s)",
-             label, result.accuracy, result.num_problems, result.mean_length, result.seconds)
-    return result
-
-
 def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
     """Post-trains the policy asynchronously; returns (and writes) the before/after figures.
 
@@ -357,13 +350,14 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     stats_by_version: dict[int, dict[str, Any]] = {}
+    evals: dict[int, dict[str, float]] = {}  # step -> figures of the evaluation after it
     progress = Progress(c.train.steps)
     totals = {"rollout_tokens": 0, "rollout_tok_s": 0.0}
     wall_start = time.perf_counter()
 
     def on_start(state, step: int) -> None:
         if "before" not in results:
-            results["before"] = dataclasses.asdict(evaluate(system, state.params, step, "before"))
+            results["before"] = dataclasses.asdict(system.evaluate(state.params, step, "before"))
             results_path.write_text(json.dumps(results, indent=2))
         progress.start(step)
         system.start(state.params, step)
@@ -371,13 +365,20 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
     def after_step(step: int, state) -> None:
         stats_by_version[step - 1] = system.batch_stats
         system.parameters.push(step, state.params)
+        every = c.eval.every_steps
+        if every and step % every == 0 and step < c.train.steps:
+            result = system.evaluate(state.params, step, f"step {step}")
+            evals[step] = result.as_dict("eval")
+            results.setdefault("evals", []).append(
+                {"step": step, "wall_s": time.perf_counter() - wall_start, **dataclasses.asdict(result)})
 
     def on_metrics(step: int, metrics: dict[str, float]) -> None:
         stats = stats_by_version.pop(step - 1, {})
         totals["rollout_tokens"] += stats.get("rollout_tokens", 0)
         totals["rollout_tok_s"] = totals["rollout_tokens"] / (time.perf_counter() - wall_start)
-        scalars = {"rollout_tok_s": totals["rollout_tok_s"],**metrics, **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
-                   **system_figures(system, time.perf_counter() - wall_start)}
+        scalars = {"rollout_tok_s": totals["rollout_tok_s"], **metrics,
+                   **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
+                   **system_figures(system, time.perf_counter() - wall_start), **evals.pop(step, {})}
         writer.write(step, scalars, {"staleness": stats.get("staleness", [])},
                      {"entries": stats.get("entries", []), "batch_digest": stats.get("batch_digest")})
         progress.update(step, scalars)
@@ -398,7 +399,7 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
         return results
-    results["after"] = dataclasses.asdict(evaluate(system, state.params, step, "after"))
+    results["after"] = dataclasses.asdict(system.evaluate(state.params, step, "after"))
     results["steps"] = step
     results["rollout_tok_s"] = totals["rollout_tok_s"]
     results["wall_s"] = results.get("wall_s", 0.0) + time.perf_counter() - wall_start
@@ -427,6 +428,7 @@ def system_figures(system: System, wall_s: float) -> dict[str, float]:
     counters = dataclasses.asdict(system.coordinator.counters)
     figures.update({k: float(v) for k, v in counters.items()})
     figures["wall_s"] = wall_s
+    figures["eval_s"] = system.evaluate.seconds  # inside wall_s: the trainer waits for evaluations
     figures["trainer_busy_frac"] = 1.0 - system.trainer_wait_s / max(wall_s, 1e-9)
     pulls, pushes = list(system.parameters.pull_seconds), list(system.parameters.push_seconds)
     figures["pull_s_mean"] = float(np.mean(pulls)) if pulls else 0.0

@@ -30,11 +30,20 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
 
     c.task = ml_collections.ConfigDict()
+    c.task.dataset = "arithmetic"  # or 'gsm8k' / 'math': local files (see experiments/gsm8k.py)
+    c.task.train_path = ""  # gsm8k / math: the train file (JSONL, or parquet for math)
+    c.task.heldout_path = ""  # gsm8k / math: the file evaluation reads
+    c.task.skip_malformed = False  # skip (and count) malformed rows instead of stopping
+    c.task.data_dir = ""  # where files are prepared as TFDS data ('': <workdir>/tfds)
     c.task.kinds = ("add1",)
     c.task.style = "words"  # 'words': "What is 3 + 4?"; 'compact': "3+4=" (tiny tokenizer)
     c.task.seed = 0
     c.task.reward = "exact_answer"
-    c.task.chat_template = "chatml"  # '' for raw prompts
+    # 'auto': the checkpoint's own template; 'chatml' / 'llama3': a named one; '': raw prompts.
+    # ChatML without a system turn is how the README's SmolLM2 figures were measured ('auto'
+    # would add SmolLM2's default system prompt).
+    c.task.chat_template = "chatml"
+    c.task.system_prompt = ""  # e.g. asyncrl.model.BOXED_SYSTEM_PROMPT for \boxed{} answers
     c.task.instruction = ""  # the bare question: the base model rambles, RL teaches it to answer
 
     c.rollout = ml_collections.ConfigDict()
@@ -53,7 +62,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.coordinator.routing = "least_loaded"
     c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
-    c.coordinator.partial_rollout = True  # a sync keeps running trajectories (else: drain first)
+    # A sync keeps running trajectories going on the new weights; off, it waits for them to
+    # finish (only a migration then mixes versions within a trajectory).
+    c.coordinator.partial_rollout = True
     c.coordinator.migration = "balance"
     c.coordinator.redundancy = "none"
     c.coordinator.dynamic_sampling = False
@@ -90,6 +101,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.eval = ml_collections.ConfigDict()
     c.eval.heldout_size = 200
     c.eval.max_new_tokens = 64
+    c.eval.every_steps = 6  # also evaluate during training (0: only before and after)
+    c.eval.samples = 0  # sampled responses per problem for pass@k (0: greedy only)
+    c.eval.pass_k = (1,)  # each k ≤ samples
+    c.eval.format_reward = "integer_format"  # a REWARDS name: is the answer where asked? '' = none
 
     c.rewards = ml_collections.ConfigDict()
     c.rewards.workers = 2
@@ -114,4 +129,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.checkpoint.every_steps = 0
         c.eval.heldout_size = 100
         c.eval.max_new_tokens = 4
+        c.eval.every_steps = 0
     return c

@@ -23,6 +23,14 @@ def exact_answer(response: str, answer: str) -> float:
     return 1.0 if found and found[-1] == str(answer).strip() else 0.0
 
 
+@REWARDS.register("integer_format")
+def integer_format(response: str, answer: str | None = None) -> float:
+    """1.0 when the response holds an integer at all: the arithmetic tasks' answer format (the
+    format check of evaluation; `answer` is accepted and ignored)."""
+    del answer
+    return 1.0 if _LAST_INTEGER.search(response) else 0.0
+
+
 @REWARDS.register("answer_first")
 def answer_first(response: str, answer: str) -> float:
     """1.0 when the response starts with the expected answer (what follows is ignored).
