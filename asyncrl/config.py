@@ -63,6 +63,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         ("mesh.devices_per_instance", 1), ("train.num_microbatches", 1),
         ("checkpoint.every_steps", 0), ("checkpoint.keep", 1), ("rewards.workers", 1),
         ("eval.heldout_size", 0), ("eval.every_steps", 0), ("eval.samples", 0),
+        ("train.warmup_steps", 0),
         ("task.seed", 0), ("seed", 0),
     ]:
         _int_at_least(config, field, minimum)
@@ -99,6 +100,9 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     ks = tuple(config.eval.pass_k)
     if config.eval.samples and not all(isinstance(k, int) and 1 <= k <= config.eval.samples for k in ks):
         _fail("eval.pass_k", ks, f"each k an int in [1, eval.samples = {config.eval.samples}]")
+    if config.train.warmup_steps > config.train.steps:
+        _fail("train.warmup_steps", config.train.warmup_steps,
+              f"at most train.steps ({config.train.steps})")
     if config.rollout.group_size > config.rollout.num_slots:
         _fail("rollout.group_size", config.rollout.group_size,
               f"a group is prefilled into group_size slots at once; at most rollout.num_slots "

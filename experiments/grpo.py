@@ -80,11 +80,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.num_microbatches = 2
     c.train.advantage = "grpo"
     c.train.policy_loss = "dapo"
-    # 0 = the DAPO clip against the engine's behaviour log-probs: its clipped ratio is the
-    # off-policy correction and the trust region. With tis_cap > 0 the losses clip against
-    # the trainer's current params instead (one update per batch: no trust region at all),
-    # and η = 2 then collapsed SmolLM2 to short wrong answers (42.0% → 43.5% held out).
-    c.train.tis_cap = 0.0
+    # TIS: the DAPO clip is against the engine's behaviour log-probs (the trust region), and
+    # a negative advantage's weight is capped at tis_cap (dual clip); 0 turns the cap off.
+    c.train.tis_cap = 2.0
     c.train.kl_coef = 0.0
     c.train.entropy_coef = 0.0
     c.train.aggregation = "token-mean"

@@ -149,6 +149,11 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     ({"train__num_microbatches": 3}, r"config.train.num_microbatches = 3 is not allowed: the batch of 8 entries × 16"),
     ({"coordinator__routing": "fastest"}, r"config.coordinator.routing = 'fastest' is not allowed: registered: least_loaded, round_robin, throughput_optimal"),
     ({"model__checkpoint": "/nowhere/model"}, r"config.model.checkpoint = '/nowhere/model'"),
+    ({"train__warmup_steps": 50}, r"config.train.warmup_steps = 50 is not allowed: at most train.steps \(40\)"),
+    ({"task__dataset": "gsm8k"}, r"config.task.train_path = '' is not allowed: the path of a local gsm8k file"),
+    ({"task__chat_template": "vicuna"}, r"config.task.chat_template = 'vicuna' is not allowed: one of 'auto'"),
+    ({"task__system_prompt": "Be brief."}, r"config.task.system_prompt = 'Be brief.' is not allowed: a system prompt needs a chat template"),
+    ({"eval__samples": 2, "eval__pass_k": (1, 4)}, r"config.eval.pass_k = \(1, 4\) is not allowed: each k an int in \[1, eval.samples = 2\]"),
 ])
 def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -50,14 +50,14 @@ def build_tokenizer() -> tokenizers.Tokenizer:
     return tokenizer
 
 
-def build_hf_model(family: str, vocab_size: int, seed: int = 0):
+def build_hf_model(family: str, vocab_size: int, seed: int = 0, max_positions: int = 128):
     """A random 2-layer model whose every weight (norms and biases too) is non-trivial."""
     config_cls, extra = FAMILIES[family]
     extra = {"rope_parameters": {"rope_type": "default", "rope_theta": 5000.0}} | extra
     config = config_cls(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
-        max_position_embeddings=128, bos_token_id=1, eos_token_id=2,
+        max_position_embeddings=max_positions, bos_token_id=1, eos_token_id=2,
         initializer_range=0.1, **extra)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)

@@ -1,0 +1,81 @@
+"""GSM8K post-training of a Hugging Face chat model (Qwen2.5 / Qwen3 / Llama 3 / SmolLM2) from
+local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the model.
+
+1. The data: GSM8K's two JSONL files, one problem per line with `question` and `answer`
+   (the worked solution ending in `#### 72`), e.g. from a copy of openai/grade-school-math:
+
+       data/gsm8k/train.jsonl   data/gsm8k/test.jsonl
+
+   MATH / DAPO-style files work the same way with `dataset=math` (JSONL or parquet rows with
+   `problem` and `answer` or a `solution` ending in \\boxed{...}); set the reward to
+   `math_verify` with `--config.task.reward=math_verify`.
+
+2. The model: a Hugging Face folder with config.json, model.safetensors (or shards and their
+   index) and tokenizer.json / tokenizer_config.json, e.g. Qwen/Qwen2.5-0.5B-Instruct or
+   Qwen/Qwen3-0.6B saved with `huggingface-cli download … --local-dir models/qwen2.5-0.5b`.
+   Its own chat template (tokenizer_config.json) renders the prompts, with a system prompt
+   asking for the final answer in \\boxed{}.
+
+3. Install JAX for the accelerator (BUILD.md: `pip install -U "jax[cuda12]==0.10.2"` or
+   `"jax[tpu]==0.10.2"`), then run:
+
+       python -m asyncrl.main --config=experiments/gsm8k.py:train=data/gsm8k/train.jsonl,test=data/gsm8k/test.jsonl,model=models/qwen2.5-0.5b --workdir=runs/gsm8k
+
+   The devices are split into one trainer mesh and rollout instances, disjoint: by default
+   4 + 4 × 1 for an 8-GPU box. On a TPU v4-8 (4 chips):
+   `…,trainer_devices=2,instances=2`; on 2 GPUs: `…,trainer_devices=1,instances=1`.
+
+4. Every `eval.every_steps` steps the held-out figures (greedy accuracy, pass@1 and pass@8
+   from 8 samples per problem, mean response length, the rate of \\boxed{} answers) go to
+   metrics.jsonl and TensorBoard in the workdir. Ctrl-C checkpoints; the same command resumes.
+   Any checkpoint (or the exported folder, or another model) is evaluated alone with:
+
+       python -m asyncrl.eval --config=experiments/gsm8k.py:train=…,test=…,model=… --checkpoint=runs/gsm8k
+"""
+
+from asyncrl.config_args import parse_arg
+from asyncrl.model.chat import BOXED_SYSTEM_PROMPT
+from experiments import grpo
+
+
+def get_config(arg: str | None = None):
+    arg = parse_arg(arg, train="data/gsm8k/train.jsonl", test="data/gsm8k/test.jsonl",
+                    model="models/qwen2.5-0.5b", dataset="gsm8k", eta=2, trainer_devices=4,
+                    instances=4)
+    c = grpo.get_config(f"eta={arg.eta}")
+    c.model.checkpoint = arg.model
+    c.model.param_dtype = "bfloat16"
+
+    c.task.dataset = arg.dataset
+    c.task.train_path = arg.train
+    c.task.heldout_path = arg.test
+    c.task.reward = "gsm8k" if arg.dataset == "gsm8k" else "math_verify"
+    c.task.chat_template = "auto"
+    c.task.system_prompt = BOXED_SYSTEM_PROMPT
+
+    c.rollout.group_size = 8
+    c.rollout.num_slots = 128
+    c.rollout.max_new_tokens = 1024
+    c.rollout.prompt_bucket = 512
+
+    c.train.batch_size = 32
+    c.train.steps = 200
+    c.train.learning_rate = 1e-6
+    c.train.warmup_steps = 10
+    c.train.num_microbatches = 8
+    c.train.aggregation = "seq-mean-token-mean"
+
+    c.coordinator.dynamic_sampling = True  # groups whose rewards all agree teach nothing
+
+    c.mesh.trainer_devices = arg.trainer_devices
+    c.mesh.rollout_instances = arg.instances
+    c.mesh.devices_per_instance = 1
+
+    c.checkpoint.every_steps = 20
+    c.eval.heldout_size = 500
+    c.eval.max_new_tokens = 1024
+    c.eval.every_steps = 20
+    c.eval.samples = 8
+    c.eval.pass_k = (1, 8)
+    c.eval.format_reward = "format"
+    return c

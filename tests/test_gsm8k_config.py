@@ -1,0 +1,82 @@
+"""experiments/gsm8k.py, the documented path for real data and a Hugging Face chat model: a
+tiny Qwen2 folder (its own chat template) post-trains on GSM8K-format files for two steps,
+scaled down to this CPU, and a missing file is named before anything is built."""
+
+import json
+
+import pytest
+
+from asyncrl import system
+from asyncrl.config import ConfigError, validate
+from asyncrl.metrics import read_metrics
+from asyncrl.model import BOXED_SYSTEM_PROMPT
+from experiments.gsm8k import get_config
+from tests.model.checkpoints import build_hf_model, build_tokenizer, save_hf
+from tests.model.test_chat_template import QWEN2_5
+
+pytest.importorskip("transformers")
+
+PROBLEMS = [("Tom has 3 apples and buys 4 more. How many?", "3 + 4 = 7\n#### 7"),
+            ("Ann had 9 pens and lost 2. How many now?", "9 - 2 = 7\n#### 7"),
+            ("A box holds 5 eggs. How many in 2 boxes?", "2 * 5 = 10\n#### 10"),
+            ("Sam reads 1,000 pages in 4 days. Pages per day?", "1000 / 4 = 250\n#### 250")]
+
+
+def gsm8k_file(path, rows):
+    path.write_text("".join(json.dumps({"question": q, "answer": a}) + "\n" for q, a in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gsm8k")
+    model = root / "qwen2"
+    save_hf(build_hf_model("qwen2", 320, max_positions=512), build_tokenizer(), model)
+    (model / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": QWEN2_5, "eos_token": "<|im_end|>", "bos_token": None}))
+    return (gsm8k_file(root / "train.jsonl", PROBLEMS * 4), gsm8k_file(root / "test.jsonl", PROBLEMS),
+            model)
+
+
+def scaled_down(train, test, model):
+    c = get_config(f"train={train},test={test},model={model},trainer_devices=1,instances=2")
+    c.model.param_dtype = "float32"
+    c.rollout.group_size, c.rollout.num_slots = 4, 8
+    c.rollout.max_new_tokens, c.rollout.prompt_bucket = 8, 256
+    c.train.batch_size, c.train.steps, c.train.num_microbatches = 2, 2, 1
+    c.train.warmup_steps = 0
+    c.coordinator.dynamic_sampling = False  # a random model's rewards are all 0
+    c.eval.heldout_size, c.eval.max_new_tokens, c.eval.every_steps = 4, 8, 1
+    c.eval.samples, c.eval.pass_k = 2, (1, 2)
+    c.checkpoint.every_steps = 0
+    return c
+
+
+def test_the_gsm8k_config_runs_on_a_hugging_face_folder(files, tmp_path):
+    c = scaled_down(*files)
+    validate(c, 8)
+    results = system.run(c, tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert {"eval_pass@1", "eval_pass@2", "eval_format_rate"} <= set(rows[0])
+    assert results["after"]["num_problems"] == 4
+
+
+def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files, tmp_path):
+    c = scaled_down(*files)
+    policy = system.load_policy(c.model)
+    from asyncrl.data.sources import build_task_data
+
+    problem = build_task_data(c.task, 4, tmp_path).heldout[0]
+    text = policy.tokenizer.decode(list(system.encode(c, policy, problem).tokens),
+                                   skip_special_tokens=False)
+    assert text.startswith(f"<|im_start|>system\n{BOXED_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith(f"{problem.question}<|im_end|>\n<|im_start|>assistant\n")
+    assert problem.answer == "7"  # the number after ####
+
+
+def test_a_missing_data_file_is_named(files, tmp_path):
+    train, _, model = files
+    c = scaled_down(train, tmp_path / "test.jsonl", model)
+    with pytest.raises(ConfigError, match=r"config.task.heldout_path = .*test.jsonl"):
+        validate(c, 8)
