@@ -63,7 +63,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
     # A sync keeps running trajectories going on the new weights; off, it waits for them to
-    # finish (only a migration then mixes versions within a trajectory).
+    # finish and migration moves only queued work: one version per trajectory.
     c.coordinator.partial_rollout = True
     c.coordinator.migration = "balance"
     c.coordinator.redundancy = "none"

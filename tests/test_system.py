@@ -84,9 +84,8 @@ def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
 def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_path):
     # 12-token responses from the untrained model: with partial rollout on, this run swaps
     # weights under running trajectories (22-40 per step from step 3, measured).
-    # Migration off too: a migrated trajectory may resume on an instance with newer weights.
-    system.run(tiny(coordinator__partial_rollout=False, coordinator__migration="none",
-                    rollout__max_new_tokens=12, train__steps=6, eval__heldout_size=8), tmp_path)
+    system.run(tiny(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
+                    train__steps=6, eval__heldout_size=8), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["partial_rollouts"] for r in rows] == [0] * 6
     assert max(lag for r in rows for lag in r["staleness"]) > 0  # still asynchronous
