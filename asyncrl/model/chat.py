@@ -25,6 +25,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from asyncrl.model.gguf_loader import open_gguf
 from asyncrl.model.weights import CheckpointError
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
@@ -227,12 +228,7 @@ def _from_hf_folder(folder: Path) -> ChatTemplate:
 
 
 def _from_gguf(path: Path) -> ChatTemplate:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct.error, IndexError... on bad bytes
-        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+    reader = open_gguf(path)
     key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
     if key not in reader.fields:
         raise _no_template(f"{path}: no GGUF metadata key {key!r}")

@@ -73,16 +73,21 @@ _PRE_TOKENIZERS = {
 _CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values
 
 
+def open_gguf(path: Path) -> gguf.GGUFReader:
+    """The file's reader; a CheckpointError naming it if it is missing or not GGUF."""
+    if not path.is_file():
+        raise CheckpointError(f"{path}: file not found")
+    try:
+        return gguf.GGUFReader(str(path))
+    except Exception as e:  # gguf raises ValueError, struct.error, IndexError... on bad bytes
+        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+
+
 def load_gguf(path: str | os.PathLike, *, param_dtype: str = "float32"
               ) -> tuple[ModelConfig, nnx.State, tokenizers.Tokenizer]:
     """(config, params, tokenizer) from a GGUF file; the graphdef is `graphdef_for(config)`."""
     path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # gguf raises ValueError, struct.error, IndexError... on bad bytes
-        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+    reader = open_gguf(path)
     meta = _Metadata(reader, path)
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         # llama.cpp stores Llama 3.1+ RoPE scaling only as these per-frequency divisors, not
