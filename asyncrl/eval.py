@@ -11,13 +11,11 @@ and writes them as JSON to --output (default: eval.json in the run's workdir, or
 current directory for a model file).
 """
 
-import os
+from asyncrl.host_devices import split_cpu_host
 
 # Before JAX is imported anywhere: evaluation needs one device, but a trainer checkpoint is
-# restored onto the layout it was saved from (see asyncrl.main).
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+# restored onto the mesh layout it was saved from, as asyncrl.main splits the host.
+split_cpu_host(8)
 
 import dataclasses  # noqa: E402
 import json  # noqa: E402

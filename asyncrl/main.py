@@ -8,13 +8,11 @@ Ctrl-C (or SIGTERM) finishes or abandons the step in flight, checkpoints and exi
 rerunning the same command resumes.
 """
 
-import os
+from asyncrl.host_devices import split_cpu_host
 
-# Before JAX is imported anywhere: on a CPU, split the host into enough devices for one
-# trainer mesh and the rollout meshes. It only affects the CPU platform.
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+# Before JAX is imported anywhere: on a CPU, enough devices for one trainer mesh and the
+# rollout meshes.
+split_cpu_host(8)
 
 import signal  # noqa: E402
 

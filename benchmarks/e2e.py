@@ -14,9 +14,9 @@ held out. The last line is JSON:
 
 from __future__ import annotations
 
-import os
+from asyncrl.host_devices import split_cpu_host
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+split_cpu_host(8)  # before JAX is imported
 
 import argparse  # noqa: E402
 import importlib  # noqa: E402

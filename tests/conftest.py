@@ -7,7 +7,7 @@ which is why it lives here, ahead of every test module.
 
 import os
 
-_DEVICE_FLAG = "--xla_force_host_platform_device_count"
-if _DEVICE_FLAG not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_DEVICE_FLAG}=8".strip()
+from asyncrl.host_devices import split_cpu_host
+
+split_cpu_host(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

@@ -1,0 +1,16 @@
+"""Splitting a CPU host into several XLA devices, so the trainer mesh and the rollout meshes are
+real and disjoint on a machine without accelerators. Import-light on purpose: the flag only
+takes effect if it is set before JAX is first imported, so callers run it before that.
+"""
+
+import os
+
+_DEVICE_FLAG = "--xla_force_host_platform_device_count"
+
+
+def split_cpu_host(count: int) -> None:
+    """Makes the CPU platform `count` devices, unless XLA_FLAGS already sets a count (the
+    caller's choice wins). It does not affect GPU or TPU platforms."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _DEVICE_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={count}".strip()
