@@ -25,7 +25,8 @@ import ml_collections
 import numpy as np
 
 from asyncrl import system
-from asyncrl.metrics import read_metrics
+from asyncrl.config import with_overrides
+from asyncrl.metrics import read_metrics, steady_tokens_per_s
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,10 +54,7 @@ class Run:
 
     @property
     def steady_tok_s(self) -> float:
-        if len(self.rows) < 2:
-            return float("nan")
-        seconds = self.rows[-1]["wall_s"] - self.rows[0]["wall_s"]
-        return sum(row["rollout_tokens"] for row in self.rows[1:]) / max(seconds, 1e-9)
+        return steady_tokens_per_s(self.rows)
 
     def summary(self) -> dict[str, Any]:
         rows, lags = self.rows, self.staleness
@@ -77,22 +75,6 @@ class Run:
             "accuracy": f"{self.results['before']['accuracy']:.2f} → "
                         f"{self.results['after']['accuracy']:.2f}",
         }
-
-
-def with_overrides(config: ml_collections.ConfigDict,
-                   overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
-    """A copy of `config` with dotted fields set. A field that does not exist is an error
-    (ConfigDict.update_from_flattened_dict would add a misspelt one silently)."""
-    config = config.copy_and_resolve_references()
-    for dotted, value in overrides.items():
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            node = node[part]
-        if leaf not in node:
-            raise KeyError(f"config.{dotted}: no such field (have: {', '.join(sorted(node.keys()))})")
-        node[leaf] = value
-    return config
 
 
 def enable_compilation_cache(directory: str | pathlib.Path) -> None:

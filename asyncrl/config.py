@@ -9,6 +9,7 @@ from the registries so they cannot drift.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -52,6 +53,22 @@ def _get(config, field: str) -> Any:
     for part in field.split("."):
         node = node[part]
     return node
+
+
+def with_overrides(config: ml_collections.ConfigDict,
+                   overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """A copy of `config` with dotted fields set. A field that does not exist is an error
+    (ConfigDict.update_from_flattened_dict would add a misspelt one silently)."""
+    config = config.copy_and_resolve_references()
+    for dotted, value in overrides.items():
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            node = node[part]
+        if leaf not in node:
+            raise ConfigError(f"config.{dotted}: no such field (have: {', '.join(sorted(node.keys()))})")
+        node[leaf] = value
+    return config
 
 
 def validate(config: ml_collections.ConfigDict, device_count: int) -> None:

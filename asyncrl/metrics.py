@@ -78,3 +78,12 @@ def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
                 break
             raise ValueError(f"{path}:{number}: not a JSON object ({e})") from e
     return rows
+
+
+def steady_tokens_per_s(rows: list[dict[str, Any]]) -> float:
+    """Rollout tokens trained in steps 2..N over the wall time from the end of step 1: the
+    run's throughput with its compiles and first evaluation left out (NaN below 2 steps)."""
+    if len(rows) < 2:
+        return float("nan")
+    seconds = rows[-1]["wall_s"] - rows[0]["wall_s"]
+    return sum(r["rollout_tokens"] for r in rows[1:]) / max(seconds, 1e-9)

@@ -30,7 +30,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl import system  # noqa: E402
-from asyncrl.metrics import read_metrics  # noqa: E402
+from asyncrl.metrics import read_metrics, steady_tokens_per_s  # noqa: E402
 
 SCHEDULES = {
     "staleflow": "experiments.staleflow",
@@ -55,11 +55,10 @@ def measure(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
 def summarize(run_dir: pathlib.Path) -> dict:
     results = json.loads((run_dir / "results.json").read_text())
     rows = read_metrics(run_dir / "metrics.jsonl")
-    tokens = sum(r["rollout_tokens"] for r in rows[1:])
     seconds = rows[-1]["wall_s"] - rows[0]["wall_s"]
     idle = [v for k, v in rows[-1].items() if k.endswith("_idle_frac")]
     return {
-        "tokens_per_s": tokens / seconds,
+        "tokens_per_s": steady_tokens_per_s(rows),
         "final_accuracy": results["after"]["accuracy"],
         "reward_last5": sum(r["reward_mean"] for r in rows[-5:]) / 5,
         "max_staleness": int(max(lag for r in rows for lag in r["staleness"])),

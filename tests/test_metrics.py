@@ -1,6 +1,8 @@
+import math
+
 import pytest
 
-from asyncrl.metrics import MetricsWriter, read_metrics
+from asyncrl.metrics import MetricsWriter, read_metrics, steady_tokens_per_s
 
 
 def test_metrics_round_trip_and_tensorboard_files(tmp_path):
@@ -22,3 +24,10 @@ def test_torn_last_line_is_skipped_but_corruption_elsewhere_is_an_error(tmp_path
     path.write_text('{"step": 0}\nbroken\n{"step": 2}\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON object"):
         read_metrics(path)
+
+
+def test_steady_throughput_leaves_step_one_out():
+    rows = [{"wall_s": 30.0, "rollout_tokens": 999}, {"wall_s": 32.0, "rollout_tokens": 100},
+            {"wall_s": 34.0, "rollout_tokens": 300}]
+    assert steady_tokens_per_s(rows) == 100.0  # (100 + 300) tokens over 4 s; step 1's compile left out
+    assert math.isnan(steady_tokens_per_s(rows[:1]))

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from asyncrl import system
-from asyncrl.config import ConfigError, validate
+from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.metrics import read_metrics
 from experiments.grpo import get_config
 
@@ -25,14 +25,8 @@ ASYNC_STEPS = 40
 
 
 def tiny(**changes):
-    c = get_config("tiny")
-    for dotted, value in changes.items():
-        node = c
-        *path, leaf = dotted.split("__")
-        for part in path:
-            node = node[part]
-        node[leaf] = value
-    return c
+    """The tiny config with fields changed: tiny(train__steps=4) sets train.steps."""
+    return with_overrides(get_config("tiny"), {k.replace("__", "."): v for k, v in changes.items()})
 
 
 def consumed_entries(rows):
