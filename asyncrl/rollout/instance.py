@@ -52,8 +52,7 @@ class RolloutInstance:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._syncing = False
-        self._sync_waits_for_drain = False  # partial rollout off: a sync is pending
+        self._syncing = False  # a sync was requested and has not happened yet
         self._alive = True
         self._busy_s = 0.0
         self._idle_s = 0.0
@@ -97,7 +96,12 @@ class RolloutInstance:
         self._wake.set()
 
     def request_sync(self) -> None:
-        self._command("sync")
+        """Pull the newest weights between two decode steps (partial rollout off: once the
+        running trajectories have finished); repeated requests before then are one sync."""
+        with self._lock:
+            self._syncing = True
+            self._refresh_snapshot()
+        self._wake.set()
 
     def request_drop(self, trajectory_ids: set[int]) -> None:
         """Forgets these trajectories (their entry was aborted), queued or running."""
@@ -110,9 +114,6 @@ class RolloutInstance:
     def _command(self, *command) -> None:
         with self._lock:
             self._commands.append(command)
-            if command[0] == "sync":
-                self._syncing = True
-                self._refresh_snapshot()
         self._wake.set()
 
     # ---------------------------------------------------------------- the thread
@@ -122,8 +123,8 @@ class RolloutInstance:
             state = self.engine.init_decode_state()
             while not self._stop.is_set():
                 self._apply_commands()
-                if self._sync_waits_for_drain:
-                    self._sync_if_drained()
+                if self._syncing and (self.partial_rollout or not self.engine.running()):
+                    self._sync()
                 state = self._fill_slots(state)
                 if len(self.engine.free_slots()) < self.engine.num_slots:
                     start = time.perf_counter()
@@ -153,18 +154,12 @@ class RolloutInstance:
                 if not self._commands:
                     return
                 command = self._commands.popleft()
-            if command[0] == "sync":
-                self._sync_waits_for_drain = not self.partial_rollout
-                self._sync_if_drained()
-            elif command[0] == "drop":
+            if command[0] == "drop":
                 self._drop(command[1])
             elif command[0] == "extract":
                 self._extract(command[1])
 
-    def _sync_if_drained(self) -> None:
-        if self._sync_waits_for_drain and self.engine.running():
-            return
-        self._sync_waits_for_drain = False
+    def _sync(self) -> None:
         self._pull()
         with self._lock:
             self._syncing = False
@@ -176,7 +171,7 @@ class RolloutInstance:
             self._version, self._params = pulled
 
     def _fill_slots(self, state):
-        while not self._sync_waits_for_drain:
+        while not self._syncing:  # a pending sync starts nothing new on the old weights
             free = self.engine.free_slots()
             with self._lock:
                 if not self._queue or len(self._queue[0].trajectories) > len(free):
