@@ -54,12 +54,11 @@ def load_params(c, checkpoint: str):
     if checkpoint != "embedded" and not path.exists():
         raise CheckpointError(f"checkpoint {path}: does not exist")
     root = None if checkpoint == "embedded" else _trainer_checkpoint(path)
-    if root is None:
-        with c.unlocked():
-            c.model.checkpoint = checkpoint
+    if root is None:  # a model file or folder: it is the policy
+        c.model.checkpoint = checkpoint
         policy = load_policy(c.model)
         return policy, policy.params, pathlib.Path.cwd() if checkpoint == "embedded" else path.parent
-    policy = load_policy(c.model)
+    policy = load_policy(c.model)  # the architecture the trainer checkpoint was saved from
     trainer = Trainer.create(make_train_config(c), policy.config,
                              trainer_mesh(jax.devices()[:c.mesh.trainer_devices]), c.rollout.group_size)
     params, step = restore_params(trainer, root)

@@ -128,7 +128,8 @@ class Evaluator:
         self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
         self.heldout, self.encode, self.decode = heldout, encode, decode
         self.seconds = 0.0  # spent evaluating, over the run
-        self._engines: tuple[Engine, Engine | None] | None = None
+        self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
+        self._problems: tuple[list[Sequence[int]], list[str]] = ([], [])  # prompts, answers
 
     def _engine(self, sampling: SamplingParams, num_slots: int) -> Engine:
         c = self.c
@@ -142,20 +143,19 @@ class Evaluator:
     def __call__(self, params, version: int, label: str) -> EvalResult:
         c = self.c
         if self._engines is None:
-            sampled = None
-            if c.eval.samples:
-                rollout = SamplingParams(temperature=c.rollout.temperature, top_k=c.rollout.top_k,
-                                         top_p=c.rollout.top_p)
-                # One problem's samples are inserted together: at least that many slots.
-                sampled = self._engine(rollout, max(c.rollout.num_slots, c.eval.samples))
+            # The held-out set is fixed for the run: encoded once, with the engines.
+            problems = self.heldout.take(0, c.eval.heldout_size)
+            self._problems = ([self.encode(p) for p in problems], [p.answer for p in problems])
+            # One problem's samples are inserted together: at least that many slots.
+            sampled = self._engine(SamplingParams.of_rollout(c.rollout),
+                                   max(c.rollout.num_slots, c.eval.samples)) if c.eval.samples else None
             self._engines = (self._engine(SamplingParams(temperature=0.0), c.rollout.num_slots),
                              sampled)
         greedy, sampled = self._engines
+        prompts, answers = self._problems
         params = jax.device_put(params, shardings_for(params, self.mesh, ShardingRules.replicated()))
-        problems = self.heldout.take(0, c.eval.heldout_size)
         result = evaluate_policy(
-            greedy, sampled, params, [self.encode(p) for p in problems], [p.answer for p in problems],
-            self.decode, _reward_fn(c.task.reward),
+            greedy, sampled, params, prompts, answers, self.decode, _reward_fn(c.task.reward),
             is_formatted=_reward_fn(c.eval.format_reward) if c.eval.format_reward else None,
             samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version)
         self.seconds += result.seconds

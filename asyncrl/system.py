@@ -183,8 +183,7 @@ class System:
             migration=build_migration_policy(c.coordinator.migration), redundancy=redundancy,
             schedule=c.schedule, eta=c.staleness.eta,
             dynamic_sampling=c.coordinator.dynamic_sampling)
-        sampling = SamplingParams(temperature=c.rollout.temperature, top_k=c.rollout.top_k,
-                                  top_p=c.rollout.top_p)
+        sampling = SamplingParams.of_rollout(c.rollout)
         for i, mesh in enumerate(self.rollout_meshes):
             engine = Engine(self.graphdef, self.policy.config, num_slots=c.rollout.num_slots,
                             max_len=self.max_len, prompt_buckets=(c.rollout.prompt_bucket,),
