@@ -196,6 +196,10 @@ class System:
         self.evaluate = Evaluator(c, self.graphdef, self.policy.config, self.rollout_meshes[0],
                                   self.heldout, lambda p: self.prompt(p).tokens, self.policy.decode)
         self.trainer_wait_s = 0.0  # waiting for a READY buffer: the trainer's idle time
+        # From handing a batch over to asking for the next: the train step and the weight
+        # push, evaluations left out (a simulator profile of this machine is fitted on it).
+        self.trainer_step_s: list[float] = []
+        self._batch_handed_at: tuple[float, float] | None = None  # (time, eval seconds then)
 
     def _latency_model(self) -> LatencyModel | None:
         if self.c.coordinator.routing != "throughput_optimal":
@@ -228,6 +232,9 @@ class System:
 
     def next_batch(self, version: int):
         wait_start = time.perf_counter()
+        if self._batch_handed_at is not None:
+            handed_at, eval_s = self._batch_handed_at
+            self.trainer_step_s.append(wait_start - handed_at - (self.evaluate.seconds - eval_s))
         while self.sm.status(version).name != "READY":
             self.coordinator.check()
             if self.stop_requested.is_set():
@@ -252,9 +259,12 @@ class System:
             "rollout_tokens": sum(len(r.tokens) for r in records),
             "reward_mean": float(np.mean([r.reward for r in records])),
             "response_length": float(np.mean([len(r.tokens) for r in records])),
+            "response_lengths": [len(r.tokens) for r in records],
+            "prompt_length": float(np.mean([len(r.prompt) for r in records])),
             "interrupted": sum(r.interruptions for r in records),
             "migrated_in_batch": sum(r.migrations for r in records),
         }
+        self._batch_handed_at = (time.perf_counter(), self.evaluate.seconds)
         return batch
 
 
@@ -378,7 +388,8 @@ def run(c, workdir: str | pathlib.Path, on_built=None) -> dict[str, Any]:
         scalars = {"rollout_tok_s": totals["rollout_tok_s"], **metrics,
                    **{k: v for k, v in stats.items() if isinstance(v, (int, float))},
                    **system_figures(system, time.perf_counter() - wall_start), **evals.pop(step, {})}
-        writer.write(step, scalars, {"staleness": stats.get("staleness", [])},
+        writer.write(step, scalars, {"staleness": stats.get("staleness", []),
+                                     "response_lengths": stats.get("response_lengths", [])},
                      {"entries": stats.get("entries", []), "batch_digest": stats.get("batch_digest")})
         progress.update(step, scalars)
 
@@ -432,4 +443,10 @@ def system_figures(system: System, wall_s: float) -> dict[str, float]:
     pulls, pushes = list(system.parameters.pull_seconds), list(system.parameters.push_seconds)
     figures["pull_s_mean"] = float(np.mean(pulls)) if pulls else 0.0
     figures["push_s_mean"] = float(np.mean(pushes)) if pushes else 0.0
+    steps = system.trainer_step_s
+    figures["trainer_step_s_mean"] = float(np.mean(steps)) if steps else 0.0
+    decode_steps = sum(s.decode_steps for s in snapshots)
+    figures["decode_step_s_mean"] = sum(s.decode_s for s in snapshots) / max(decode_steps, 1)
+    prefill_tokens = sum(s.prefill_tokens for s in snapshots)
+    figures["prefill_s_per_token"] = sum(s.prefill_s for s in snapshots) / max(prefill_tokens, 1)
     return figures

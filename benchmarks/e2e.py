@@ -4,6 +4,13 @@
     python benchmarks/e2e.py --variant=longtail   # tiny, responses long-tailed up to 32 tokens
     python benchmarks/e2e.py --variant=default    # SmolLM2-135M (long: ~20 min a schedule)
     python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
+    python benchmarks/e2e.py --variant=longtail --frozen   # systems only: the policy stays put
+
+Learning changes the response lengths, and how they change differs run to run, so tokens/s
+of two schedules also compare two length distributions. `--frozen` trains at a learning rate
+of 1e-12: every step still rolls out, rewards, trains and syncs, but the policy, hence the
+length distribution, stays the same, and the schedules compare on the same work (the
+simulator's cross-check with reality, tests/sim/test_reality.py, measures this way).
 
 Throughput counts the rollout tokens the trainer consumed from step 2 on, over the wall time
 from the end of step 1 (so every schedule's compile time is left out). Accuracy is greedy,
@@ -41,15 +48,23 @@ SCHEDULES = {
 }
 
 
-def measure(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
+def measure(name: str, variant: str, steps: int, workdir: pathlib.Path,
+            frozen: bool = False) -> dict:
+    c = configure(name, variant, steps, frozen)
+    system.run(c, workdir / name)
+    return summarize(workdir / name)
+
+
+def configure(name: str, variant: str, steps: int, frozen: bool = False):
     c = importlib.import_module(SCHEDULES[name]).get_config(None if variant == "default" else "tiny")
     if variant == "longtail":
         # The untrained model stops at a random token: lengths from 1 to the cap, with a long
         # tail, and answer_first puts no pressure on them, so the tail stays all run long.
         c.rollout.max_new_tokens = 32
     c.train.steps = steps
-    system.run(c, workdir / name)
-    return summarize(workdir / name)
+    if frozen:
+        c.train.learning_rate = 1e-12  # validate wants > 0; AdamW's step is then ~1e-12
+    return c
 
 
 def summarize(run_dir: pathlib.Path) -> dict:
@@ -73,6 +88,8 @@ def main():
     parser.add_argument("--variant", choices=("tiny", "longtail", "default"), default="tiny")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--frozen", action="store_true",
+                        help="learning rate 1e-12: the same length distribution for every schedule")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="summarise the runs already in --workdir instead of running them")
@@ -83,7 +100,7 @@ def main():
     if args.reuse:
         measured = {name: summarize(workdir / name) for name in names}
     else:
-        measured = {name: measure(name, args.variant, args.steps, workdir) for name in names}
+        measured = {name: measure(name, args.variant, args.steps, workdir, args.frozen) for name in names}
 
     print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
           f"{'trainer busy':>12s} {'inst idle':>9s}")

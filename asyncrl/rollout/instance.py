@@ -54,8 +54,11 @@ class RolloutInstance:
         self._stop = threading.Event()
         self._syncing = False  # a sync was requested and has not happened yet
         self._alive = True
-        self._busy_s = 0.0
         self._idle_s = 0.0
+        self._decode_steps = 0
+        self._decode_s = 0.0
+        self._prefill_tokens = 0
+        self._prefill_s = 0.0
         self._snapshot = Snapshot(-1, 0, 0, 0, engine.num_slots, False, True, 0.0, 0.0)
         self._thread = threading.Thread(target=self._run, name=f"rollout-{instance_id}", daemon=True)
 
@@ -130,7 +133,8 @@ class RolloutInstance:
                     start = time.perf_counter()
                     state, _ = self.engine.generate(self._params, state, version=self._version)
                     self._report_finished()
-                    self._busy_s += time.perf_counter() - start
+                    self._decode_s += time.perf_counter() - start
+                    self._decode_steps += 1
                 else:
                     start = time.perf_counter()
                     self._wake.wait(timeout=0.05)
@@ -188,7 +192,8 @@ class RolloutInstance:
                     self._params, live[0].prompt, trajectory_id=[t.trajectory_id for t in live],
                     version=self._version, max_new_tokens=live[0].max_new_tokens)
             state = self.engine.insert(prefix, state, free[:len(live)])
-            self._busy_s += time.perf_counter() - start
+            self._prefill_s += time.perf_counter() - start
+            self._prefill_tokens += len(live[0].prompt) + len(live[0].tokens)
             for t in live:
                 self._reported[t.trajectory_id] = len(t.tokens)
         return state
@@ -252,4 +257,5 @@ class RolloutInstance:
         kv = sum(len(r.prompt) + len(r.tokens) for r in slots)
         self._snapshot = Snapshot(
             self._version, len(slots), sum(len(w.trajectories) for w in self._queue), kv,
-            self.engine.num_slots, self._syncing, self._alive, self._busy_s, self._idle_s)
+            self.engine.num_slots, self._syncing, self._alive, self._decode_s + self._prefill_s,
+            self._idle_s, self._decode_steps, self._decode_s, self._prefill_tokens, self._prefill_s)
