@@ -11,6 +11,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 from asyncrl.sim import calibrate
 from asyncrl.sim.config import run_config
 from asyncrl.sim.run import simulate
@@ -72,3 +74,27 @@ def test_simulated_speedup_over_sync_is_within_25_percent_of_the_measured_one(tm
     assert real_ratio > 1.0, figures  # the speed-up being predicted must exist
     assert abs(sim_ratio / real_ratio - 1.0) <= 0.25, (
         f"simulated staleflow/sync {sim_ratio:.2f} vs measured {real_ratio:.2f}; {figures}")
+
+
+def _write_rows(run_dir: pathlib.Path, staleness: list[int]) -> None:
+    run_dir.mkdir()
+    row = {"staleness": staleness, "response_lengths": [3, 5, 5, 8], "prompt_length": 6.0,
+           "decode_step_s_mean": 0.002, "prefill_s_per_token": 1e-4, "push_s_mean": 0.001,
+           "trainer_step_s_mean": 0.1}
+    (run_dir / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+
+
+def test_calibration_reads_a_barrier_run_and_refuses_an_overlapping_one(tmp_path):
+    _write_rows(tmp_path / "sync", [0, 0])
+    profile = calibrate.system_profile(tmp_path / "sync", num_slots=4)
+    assert profile["step_latency"]["c"] == 0.002
+    assert profile["trainer"]["step_overhead_s"] == 0.1
+    assert calibrate.length_histogram(tmp_path / "sync") == {
+        "cap": 8, "bins": [[3, 4, 1], [5, 6, 2], [8, 8, 1]]}
+    assert calibrate.mean_prompt_length(tmp_path / "sync") == 6.0
+
+    _write_rows(tmp_path / "async", [0, 2])
+    with pytest.raises(ValueError, match="not a synchronous run"):
+        calibrate.system_profile(tmp_path / "async", num_slots=4)
+    with pytest.raises(FileNotFoundError, match="no metrics"):
+        calibrate.system_profile(tmp_path / "missing", num_slots=4)
