@@ -16,6 +16,7 @@ import copy
 import csv
 import dataclasses
 import json
+import multiprocessing
 import os
 from typing import Iterable
 
@@ -72,7 +73,10 @@ def run_grid(config, workdir: str, progress: bool = True) -> list[Result]:
             results[i] = simulate(rc)
             bar.update()
     else:
-        with concurrent.futures.ProcessPoolExecutor(config.grid.workers) as pool:
+        # Spawned, not forked: a caller that has JAX (or any threads) running would be forked
+        # mid-lock; the simulator's workers need neither.
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(config.grid.workers, mp_context=spawn) as pool:
             futures = {pool.submit(_simulate_dict, rc.to_dict()): i for i, rc in enumerate(points)}
             for fut in concurrent.futures.as_completed(futures):
                 results[futures[fut]] = fut.result()
