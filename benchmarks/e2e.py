@@ -100,7 +100,8 @@ def main():
     if args.reuse:
         measured = {name: summarize(workdir / name) for name in names}
     else:
-        measured = {name: measure(name, args.variant, args.steps, workdir, args.frozen) for name in names}
+        measured = {name: measure(name, args.variant, args.steps, workdir, args.frozen)
+                    for name in names}
 
     print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
           f"{'trainer busy':>12s} {'inst idle':>9s}")

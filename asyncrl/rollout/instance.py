@@ -59,7 +59,7 @@ class RolloutInstance:
         self._decode_s = 0.0
         self._prefill_tokens = 0
         self._prefill_s = 0.0
-        self._snapshot = Snapshot(-1, 0, 0, 0, engine.num_slots, False, True, 0.0, 0.0)
+        self._snapshot = Snapshot(-1, 0, 0, 0, engine.num_slots, False, True, 0.0)
         self._thread = threading.Thread(target=self._run, name=f"rollout-{instance_id}", daemon=True)
 
     # ---------------------------------------------------------------- coordinator side
@@ -257,5 +257,5 @@ class RolloutInstance:
         kv = sum(len(r.prompt) + len(r.tokens) for r in slots)
         self._snapshot = Snapshot(
             self._version, len(slots), sum(len(w.trajectories) for w in self._queue), kv,
-            self.engine.num_slots, self._syncing, self._alive, self._decode_s + self._prefill_s,
-            self._idle_s, self._decode_steps, self._decode_s, self._prefill_tokens, self._prefill_s)
+            self.engine.num_slots, self._syncing, self._alive, self._idle_s, self._decode_steps,
+            self._decode_s, self._prefill_tokens, self._prefill_s)

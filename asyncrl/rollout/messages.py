@@ -77,10 +77,13 @@ class Snapshot:
     num_slots: int
     syncing: bool
     alive: bool
-    busy_s: float  # seconds spent in decode steps and prefills
     idle_s: float  # seconds waiting for work
-    # The costs a simulator profile of this machine is calibrated from (asyncrl.sim).
+    # Where the busy time went; a simulator profile of this machine is calibrated from it.
     decode_steps: int = 0
     decode_s: float = 0.0  # in generate and handing finished trajectories over
     prefill_tokens: int = 0  # prompts and, on resume, prompt + tokens so far
     prefill_s: float = 0.0
+
+    @property
+    def busy_s(self) -> float:
+        return self.decode_s + self.prefill_s

@@ -22,26 +22,43 @@ this system runs with `reprefill_on_resume = False`.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import pathlib
 
 import numpy as np
 
 from asyncrl.metrics import read_metrics
+from asyncrl.sim.config import run_config
 
 
-def system_profile(run_dir: str | pathlib.Path, num_slots: int) -> dict:
-    """A simulator profile (the JSON schema of `asyncrl.sim.profile`) from a barrier run."""
-    rows = _rows(run_dir)
-    last = rows[-1]
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    profile: dict  # the JSON schema of `asyncrl.sim.profile`
+    lengths: dict  # an `empirical` length histogram (`asyncrl.sim.workload`)
+    prompt_length: float  # mean prompt tokens
+
+
+def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration:
+    """The costs and lengths of a synchronous run; refuses a run whose parts overlapped."""
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no metrics to calibrate from")
+    rows = read_metrics(path)
+    if not rows:
+        raise ValueError(f"{path}: no step was recorded")
+    missing = {"decode_step_s_mean", "response_lengths", "prompt_length"} - set(rows[-1])
+    if missing:
+        raise ValueError(f"{path}: missing {sorted(missing)}; rerun with this version of asyncrl")
     if max(max(r["staleness"], default=0) for r in rows) != 0:
         raise ValueError(f"{run_dir}: not a synchronous run (staleness above 0), whose parts "
                          "overlap; calibrate from a run at η = 0 with the barrier schedule")
-    return {
+    last = rows[-1]
+    profile = {
         "name": "system_cpu",
         "model": "the run's policy, as configured",
         "hardware": "the machine the run was measured on",
-        "source": f"asyncrl.sim.calibrate.system_profile of the synchronous run {run_dir} "
-                  f"({len(rows)} steps)",
+        "source": f"asyncrl.sim.calibrate.from_barrier_run of {run_dir} ({len(rows)} steps)",
         "step_latency": {"a": 0.0, "b": 0.0, "c": last["decode_step_s_mean"], "d": 0.0, "e": 0.0},
         "prefill_s_per_token": last["prefill_s_per_token"],
         "instance": {"num_slots": num_slots},
@@ -50,29 +67,46 @@ def system_profile(run_dir: str | pathlib.Path, num_slots: int) -> dict:
         "trainer": {"gpu_s_per_token": 0.0, "step_overhead_s": last["trainer_step_s_mean"]},
         "reward": {"latency_s": 0.0},
     }
-
-
-def length_histogram(run_dir: str | pathlib.Path) -> dict:
-    """The run's response lengths as an `empirical` histogram (`asyncrl.sim.workload`)."""
-    lengths = np.concatenate([np.asarray(r["response_lengths"], np.int64) for r in _rows(run_dir)])
+    lengths = np.concatenate([np.asarray(r["response_lengths"], np.int64) for r in rows])
     if lengths.size == 0:
-        raise ValueError(f"{run_dir}: the metrics hold no response lengths")
+        raise ValueError(f"{path}: the metrics hold no response lengths")
     cap = int(lengths.max())
     counts = np.bincount(lengths, minlength=cap + 1)
     bins = [[n, n + 1, int(k)] for n, k in enumerate(counts[:cap]) if k]
-    return {"cap": cap, "bins": bins + [[cap, cap, int(counts[cap])]]}
+    return Calibration(profile, {"cap": cap, "bins": bins + [[cap, cap, int(counts[cap])]]},
+                       float(np.mean([r["prompt_length"] for r in rows])))
 
 
-def mean_prompt_length(run_dir: str | pathlib.Path) -> float:
-    return float(np.mean([r["prompt_length"] for r in _rows(run_dir)]))
-
-
-def _rows(run_dir) -> list[dict]:
-    path = pathlib.Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no metrics to calibrate from")
-    rows = read_metrics(path)
-    missing = {"decode_step_s_mean", "response_lengths", "prompt_length"} - set(rows[-1]) if rows else {"any step"}
-    if missing:
-        raise ValueError(f"{path}: missing {sorted(missing)}; rerun with this version of asyncrl")
-    return rows
+def simulator_config(system_config, calibration: Calibration, files_dir: str | pathlib.Path,
+                     steps: int):
+    """The simulated run of a system config (its instances, slots, groups, batch, η and
+    coordinator policies) on the calibrated costs; the profile and histogram files are
+    written to `files_dir`. Throughput is measured from step 2 on, as in the real run."""
+    c = system_config
+    if c.schedule == "barrier" and c.staleness.eta == 0:
+        schedule = "sync"
+    elif c.schedule == "staleflow":
+        schedule = "staleflow"
+    else:
+        raise ValueError(f"schedule={c.schedule!r} at η={c.staleness.eta}: the simulator has "
+                         "a counterpart only for 'staleflow' and for 'barrier' at η = 0")
+    files_dir = pathlib.Path(files_dir)
+    files_dir.mkdir(parents=True, exist_ok=True)
+    (files_dir / "profile.json").write_text(json.dumps(calibration.profile))
+    (files_dir / "lengths.json").write_text(json.dumps(calibration.lengths))
+    sim = run_config()
+    sim.profile = str(files_dir / "profile.json")
+    sim.response_lengths = {"name": "empirical", "path": str(files_dir / "lengths.json")}
+    sim.prompt_lengths = {"name": "constant", "value": max(1, round(calibration.prompt_length))}
+    sim.schedule = schedule
+    sim.eta = c.staleness.eta
+    sim.num_instances = c.mesh.rollout_instances
+    sim.num_slots = c.rollout.num_slots
+    sim.group_size = c.rollout.group_size
+    sim.batch_size = c.train.batch_size
+    sim.reprefill_on_resume = False
+    sim.warmup_steps, sim.measure_steps = 1, steps - 1
+    sim.schedules.staleflow.router = c.coordinator.routing
+    sim.schedules.staleflow.sync = c.coordinator.sync
+    sim.schedules.staleflow.migration = c.coordinator.migration
+    return sim

@@ -27,7 +27,7 @@ class FakeInstance:
     def snapshot(self):
         # Always empty (it starts work at once); a dead one died after this snapshot was taken.
         return Snapshot(version=0, running=0, queued=0, kv_tokens=0, num_slots=SLOTS,
-                        syncing=False, alive=True, busy_s=0.0, idle_s=0.0)
+                        syncing=False, alive=True, idle_s=0.0)
 
 
 class NoRewards:

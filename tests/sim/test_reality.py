@@ -14,7 +14,6 @@ import pathlib
 import pytest
 
 from asyncrl.sim import calibrate
-from asyncrl.sim.config import run_config
 from asyncrl.sim.run import simulate
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -28,38 +27,13 @@ def _e2e():
     return module
 
 
-def _simulated_tok_s(system_config, schedule, profile, lengths, prompt_length, tmp_path):
-    c = run_config()
-    c.profile = str(tmp_path / "profile.json")
-    c.response_lengths = {"name": "empirical", "path": str(tmp_path / "lengths.json")}
-    (tmp_path / "profile.json").write_text(json.dumps(profile))
-    (tmp_path / "lengths.json").write_text(json.dumps(lengths))
-    c.prompt_lengths = {"name": "constant", "value": max(1, round(prompt_length))}
-    c.schedule = schedule  # the simulator's staleflow and sync are the e2e ones
-    c.num_instances = system_config.mesh.rollout_instances
-    c.num_slots = system_config.rollout.num_slots
-    c.group_size = system_config.rollout.group_size
-    c.batch_size = system_config.train.batch_size
-    c.eta = system_config.staleness.eta
-    c.reprefill_on_resume = False  # the engine swaps weights and keeps its KV cache
-    c.warmup_steps, c.measure_steps = 1, STEPS - 1  # as steady_tokens_per_s measures
-    c.schedules.staleflow.sync = system_config.coordinator.sync
-    c.schedules.staleflow.router = system_config.coordinator.routing
-    c.schedules.staleflow.migration = system_config.coordinator.migration
-    return simulate(c).throughput_tok_s
-
-
 def _ratios(e2e, tmp_path):
     measured = {name: e2e.measure(name, "longtail", STEPS, tmp_path, frozen=True)["tokens_per_s"]
                 for name in ("staleflow", "sync")}
-    sync_run = tmp_path / "sync"
     config = {name: e2e.configure(name, "longtail", STEPS, frozen=True) for name in measured}
-    profile = calibrate.system_profile(sync_run, config["sync"].rollout.num_slots)
-    lengths = calibrate.length_histogram(sync_run)
-    prompt_length = calibrate.mean_prompt_length(sync_run)
-    simulated = {name: _simulated_tok_s(config[name], name, profile, lengths, prompt_length,
-                                        tmp_path)
-                 for name in ("staleflow", "sync")}
+    calibration = calibrate.from_barrier_run(tmp_path / "sync", config["sync"].rollout.num_slots)
+    simulated = {name: simulate(calibrate.simulator_config(c, calibration, tmp_path / "sim", STEPS))
+                 .throughput_tok_s for name, c in config.items()}
     return (simulated["staleflow"] / simulated["sync"], measured["staleflow"] / measured["sync"],
             f"simulated {simulated}, measured {measured}")
 
@@ -86,15 +60,25 @@ def _write_rows(run_dir: pathlib.Path, staleness: list[int]) -> None:
 
 def test_calibration_reads_a_barrier_run_and_refuses_an_overlapping_one(tmp_path):
     _write_rows(tmp_path / "sync", [0, 0])
-    profile = calibrate.system_profile(tmp_path / "sync", num_slots=4)
-    assert profile["step_latency"]["c"] == 0.002
-    assert profile["trainer"]["step_overhead_s"] == 0.1
-    assert calibrate.length_histogram(tmp_path / "sync") == {
-        "cap": 8, "bins": [[3, 4, 1], [5, 6, 2], [8, 8, 1]]}
-    assert calibrate.mean_prompt_length(tmp_path / "sync") == 6.0
+    calibration = calibrate.from_barrier_run(tmp_path / "sync", num_slots=4)
+    assert calibration.profile["step_latency"]["c"] == 0.002
+    assert calibration.profile["trainer"]["step_overhead_s"] == 0.1
+    assert calibration.lengths == {"cap": 8, "bins": [[3, 4, 1], [5, 6, 2], [8, 8, 1]]}
+    assert calibration.prompt_length == 6.0
 
     _write_rows(tmp_path / "async", [0, 2])
     with pytest.raises(ValueError, match="not a synchronous run"):
-        calibrate.system_profile(tmp_path / "async", num_slots=4)
+        calibrate.from_barrier_run(tmp_path / "async", num_slots=4)
     with pytest.raises(FileNotFoundError, match="no metrics"):
-        calibrate.system_profile(tmp_path / "missing", num_slots=4)
+        calibrate.from_barrier_run(tmp_path / "missing", num_slots=4)
+
+
+def test_only_schedules_with_a_simulated_counterpart_are_mapped(tmp_path):
+    from experiments.baselines import sync, token_bucket
+
+    _write_rows(tmp_path / "sync", [0])
+    calibration = calibrate.from_barrier_run(tmp_path / "sync", num_slots=4)
+    sim = calibrate.simulator_config(sync.get_config("tiny"), calibration, tmp_path / "sim", 5)
+    assert (sim.schedule, sim.eta, sim.measure_steps, sim.reprefill_on_resume) == ("sync", 0, 4, False)
+    with pytest.raises(ValueError, match="token_bucket"):
+        calibrate.simulator_config(token_bucket.get_config("tiny"), calibration, tmp_path / "sim", 5)
