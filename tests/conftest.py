@@ -7,7 +7,23 @@ which is why it lives here, ahead of every test module.
 
 import os
 
+import pytest
+
 from asyncrl.host_devices import split_cpu_host
+from tests.host_share import host_share
 
 split_cpu_host(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "owns_host: the test measures speed; no other test runs beside it")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The whole protocol, not just the call: a module fixture's set-up (compiling a model,
+    # running a system) loads the host as much as the test that first asks for it.
+    with host_share(exclusive=item.get_closest_marker("owns_host") is not None):
+        yield

@@ -38,6 +38,7 @@ def _ratios(e2e, tmp_path):
             f"simulated {simulated}, measured {measured}")
 
 
+@pytest.mark.owns_host
 def test_simulated_speedup_over_sync_is_within_25_percent_of_the_measured_one(tmp_path):
     e2e = _e2e()
     sim_ratio, real_ratio, figures = _ratios(e2e, tmp_path / "first")
