@@ -246,10 +246,12 @@ class Decoder(nnx.Module):
             # [V, D] like the embedding, so tied and untied share one unembed einsum.
             self.lm_head = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
 
-    def __call__(self, tokens, positions, cache_kv=None):
-        """tokens, positions [B, T] int32; cache_kv None or (k, v) each [L, B, S, K, H].
+    def __call__(self, tokens, positions, cache_kv=None, logits_at=None):
+        """tokens, positions [B, T] int32; cache_kv None or (k, v) each [L, B, S, K, H];
+        logits_at None or [B] int32, the one index along T per row whose logits are wanted.
 
-        Returns logits [B, T, V] float32 and the updated (k, v) (None without a cache).
+        Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated (k, v)
+        (None without a cache).
         """
         c = self.config
         x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, D]
@@ -277,6 +279,10 @@ class Decoder(nnx.Module):
             (x, k, v), _ = jax.lax.scan(layer, (x, *cache_kv), (block_params, layers))
             cache_kv = (k, v)
         x = self.final_norm(x)
+        if logits_at is not None:
+            # A prefill needs the last prompt token's logits only; unembedding every padded
+            # position would cost T x V x D, a fifth of the prefill at SmolLM2's vocabulary.
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         table = self.embed[...] if c.tie_embeddings else self.lm_head[...]
         logits = jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
         return logits, cache_kv
@@ -316,8 +322,10 @@ def graphdef_for(config: ModelConfig) -> nnx.GraphDef:
 
 
 def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
-          cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
-    """logits [B, T, V] float32 for tokens [B, T] at positions [B, T].
+          cache: KVCache | None = None,
+          logits_at: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+    """logits [B, T, V] float32 for tokens [B, T] at positions [B, T]; with logits_at [B]
+    int32, only each row's logits at that index along T: [B, 1, V].
 
     Without a cache: causal attention among the T tokens, by comparing positions.
     With a cache: each token's k/v is written at slot positions[b, t] (dropped if >= S), and
@@ -331,7 +339,7 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
     """
     model = nnx.merge(graphdef, params)
     cache_kv = None if cache is None else (cache.k, cache.v)
-    logits, cache_kv = model(tokens, positions, cache_kv)
+    logits, cache_kv = model(tokens, positions, cache_kv, logits_at)
     if cache is None:
         return logits, None
     return logits, cache.replace(k=cache_kv[0], v=cache_kv[1])

@@ -118,8 +118,8 @@ def _prefill_chunk(graphdef, params, cache, tokens, start, last_index):
     """Runs tokens [1, T] at positions start.. into cache; returns it and logits [V] at
     last_index (the chunk's last real token; the rest is right padding)."""
     positions = start + jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-    logits, cache = apply(graphdef, params, tokens, positions, cache)
-    return cache, logits[0, last_index]
+    logits, cache = apply(graphdef, params, tokens, positions, cache, logits_at=last_index[None])
+    return cache, logits[0, 0]
 
 
 def _first_tokens(logits, trajectory_ids, token_index, position, max_new_tokens, **draw_kw):

@@ -57,6 +57,15 @@ def test_prefill_then_decode_matches_no_cache(model):
     np.testing.assert_allclose(cached, logits, atol=1e-5)
 
 
+
+def test_logits_at_one_index_per_row_equal_those_of_the_full_forward(model):
+    config, graphdef, params, tokens, positions, logits = model
+    cache = KVCache.init(config, B, S, jnp.float32)
+    at = jnp.asarray([T - 1, 2], jnp.int32)  # a different index per row, as with right padding
+    picked, _ = apply_jit(graphdef, params, tokens, positions, cache, at)
+    assert picked.shape == (B, 1, config.vocab_size)
+    np.testing.assert_allclose(picked[:, 0], logits[jnp.arange(B), at], atol=1e-5)
+
 def test_right_padding_is_overwritten_before_it_is_seen(model):
     """Row 1 is 3 tokens long, padded to 5: decode from position 3 must ignore the padding."""
     config, graphdef, params, tokens, positions, logits = model
