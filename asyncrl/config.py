@@ -22,6 +22,7 @@ from asyncrl.coordinator.routing import ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
+from asyncrl.model import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.rewards.registry import REWARDS
 
@@ -92,7 +93,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     for field, registry in [
         ("schedule", SCHEDULES), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
-        ("task.reward", REWARDS),
+        ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
     ]:
         _one_of(config, field, registry)
     if config.task.dataset not in DATASETS:

@@ -140,7 +140,8 @@ def make_train_config(c) -> TrainConfig:
                        schedule=c.train.lr_schedule, warmup_steps=c.train.warmup_steps,
                        total_steps=c.train.steps, weight_decay=c.train.weight_decay,
                        max_grad_norm=c.train.max_grad_norm,
-                       num_microbatches=c.train.num_microbatches, seed=c.seed)
+                       num_microbatches=c.train.num_microbatches, remat=c.train.remat,
+                       seed=c.seed)
 
 
 # ------------------------------------------------------------------------------ the system

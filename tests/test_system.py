@@ -144,6 +144,7 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     ({"mesh__rollout_instances": 9}, r"needs 10 devices, this host has 8"),
     ({"train__num_microbatches": 3}, r"config.train.num_microbatches = 3 is not allowed: the batch of 8 entries × 16"),
     ({"coordinator__routing": "fastest"}, r"config.coordinator.routing = 'fastest' is not allowed: registered: least_loaded, round_robin, throughput_optimal"),
+    ({"train__remat": "some"}, r"config.train.remat = 'some' is not allowed: registered: dots, full, none"),
     ({"model__checkpoint": "/nowhere/model"}, r"config.model.checkpoint = '/nowhere/model'"),
     ({"train__warmup_steps": 50}, r"config.train.warmup_steps = 50 is not allowed: at most train.steps \(40\)"),
     ({"task__dataset": "gsm8k"}, r"config.task.train_path = '' is not allowed: the path of a local gsm8k file"),

@@ -31,12 +31,15 @@ from asyncrl.model.sharding import (
     shardings_for,
 )
 from asyncrl.model.transformer import (
+    REMAT_POLICIES,
     Decoder,
     KVCache,
     abstract_params,
     apply,
+    apply_hidden,
     graphdef_for,
     init_params,
+    unembed,
 )
 from asyncrl.model.weights import CheckpointError, hf_tensor_names
 
@@ -52,9 +55,11 @@ __all__ = [
     "KVCache",
     "Llama3RopeScaling",
     "ModelConfig",
+    "REMAT_POLICIES",
     "ShardingRules",
     "abstract_params",
     "apply",
+    "apply_hidden",
     "auto_mesh",
     "default_policy_path",
     "export_hf",
@@ -71,4 +76,5 @@ __all__ = [
     "prompt_messages",
     "resolve_chat_template",
     "shardings_for",
+    "unembed",
 ]

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx
 
 from asyncrl.model.config import ModelConfig
+from asyncrl.registry import Registry
 
 _INIT_STDDEV = 0.02  # HF's initializer_range for every family we support
 
@@ -233,6 +234,16 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x)), cache_kv
 
 
+# What a layer keeps for the backward pass; the rest is recomputed there. A training forward
+# otherwise stores ~16k floats per token per layer at SmolLM2's shapes (2 GB for 16 x 128
+# tokens), the largest share of a train step's memory.
+REMAT_POLICIES = Registry("remat policy")
+REMAT_POLICIES.add("none", None)  # keep everything: fastest, most memory
+# Keep the projections' outputs, recompute norms, activations and attention scores.
+REMAT_POLICIES.add("dots", jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
+REMAT_POLICIES.add("full", jax.checkpoint_policies.nothing_saveable)  # layer inputs only
+
+
 class Decoder(nnx.Module):
     """Embedding, L stacked blocks, final norm, tied or untied unembedding."""
 
@@ -253,6 +264,17 @@ class Decoder(nnx.Module):
         Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated (k, v)
         (None without a cache).
         """
+        x, cache_kv = self.hidden(tokens, positions, cache_kv)
+        if logits_at is not None:
+            # A prefill needs the last prompt token's logits only; unembedding every padded
+            # position would cost T x V x D, a fifth of the prefill at SmolLM2's vocabulary.
+            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
+        return unembed(x, self.unembedding_table()), cache_kv
+
+    def hidden(self, tokens, positions, cache_kv=None, remat: str = "none"):
+        """The final-normed hidden states [B, T, D] that the unembedding reads, and the
+        updated (k, v) (None without a cache). remat: a REMAT_POLICIES name; it only matters
+        under differentiation."""
         c = self.config
         x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, D]
         sin, cos = rope_angles(positions, rope_frequencies(c))
@@ -263,6 +285,9 @@ class Decoder(nnx.Module):
             def layer(x, params):
                 return nnx.merge(block_def, params)(x, positions, sin, cos, None)[0], None
 
+            policy = REMAT_POLICIES.get(remat)
+            if policy is not None:
+                layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
             x, _ = jax.lax.scan(layer, x, block_params)
         else:
             # The whole cache rides in the carry and each layer scatters its rows into it.
@@ -278,14 +303,16 @@ class Decoder(nnx.Module):
             layers = jnp.arange(c.num_layers, dtype=jnp.int32)
             (x, k, v), _ = jax.lax.scan(layer, (x, *cache_kv), (block_params, layers))
             cache_kv = (k, v)
-        x = self.final_norm(x)
-        if logits_at is not None:
-            # A prefill needs the last prompt token's logits only; unembedding every padded
-            # position would cost T x V x D, a fifth of the prefill at SmolLM2's vocabulary.
-            x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
-        table = self.embed[...] if c.tie_embeddings else self.lm_head[...]
-        logits = jnp.einsum("BTD,VD->BTV", x, table, preferred_element_type=jnp.float32)
-        return logits, cache_kv
+        return self.final_norm(x), cache_kv
+
+    def unembedding_table(self) -> jax.Array:
+        """[V, D]: the embedding itself when tied, else lm_head."""
+        return self.embed[...] if self.config.tie_embeddings else self.lm_head[...]
+
+
+def unembed(hidden, table):
+    """logits [..., V] float32 from final hidden states [..., D] and the table [V, D]."""
+    return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
 
 
 @flax.struct.dataclass
@@ -343,3 +370,15 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
     if cache is None:
         return logits, None
     return logits, cache.replace(k=cache_kv[0], v=cache_kv[1])
+
+
+def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
+                 remat: str = "none") -> tuple[jax.Array, jax.Array]:
+    """The final hidden states [B, T, D] and the unembedding table [V, D], without a cache.
+
+    For a loss that unembeds a few positions at a time (see `unembed`) instead of holding
+    logits [B, T, V], which at a real vocabulary dwarf every other activation. remat: what
+    the backward pass keeps of each layer (REMAT_POLICIES).
+    """
+    model = nnx.merge(graphdef, params)
+    return model.hidden(tokens, positions, remat=remat)[0], model.unembedding_table()

@@ -26,7 +26,8 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from asyncrl.model import (
-    ModelConfig, ShardingRules, abstract_params, apply, init_params, shardings_for,
+    REMAT_POLICIES, ModelConfig, ShardingRules, abstract_params, apply_hidden, init_params,
+    shardings_for, unembed,
 )
 from asyncrl.train import losses
 from asyncrl.registry import Registry
@@ -49,10 +50,12 @@ class TrainConfig:
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
     num_microbatches: int = 1  # M: gradient accumulation, so B does not set the memory
+    remat: str = "none"  # REMAT_POLICIES: what each layer keeps for the backward pass
     seed: int = 0
 
     def __post_init__(self):
         SCHEDULES.get(self.schedule)
+        REMAT_POLICIES.get(self.remat)
         for name in ("warmup_steps", "total_steps", "num_microbatches"):
             value = getattr(self, name)
             if value < (0 if name == "warmup_steps" else 1):
@@ -137,13 +140,44 @@ def batch_shardings(mesh: Mesh, group_size: int) -> TrainBatch:
     return TrainBatch(rows, rows, rows, rows, rows, rows, rows, one, group_size=group_size)
 
 
-def _token_logprobs(logits: jax.Array, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """log π(tokens[:, t]) and the entropy at t, [B, T]; t = 0 has no prediction, so 0."""
-    logz = jax.nn.log_softmax(logits[:, :-1], axis=-1)  # [B, T-1, V]
-    taken = jnp.take_along_axis(logz, tokens[:, 1:, None], axis=-1)[..., 0]
-    entropy = -(jnp.exp(logz) * logz).sum(-1)
-    pad = jnp.zeros_like(taken[:, :1])
-    return jnp.concatenate([pad, taken], 1), jnp.concatenate([pad, entropy], 1)
+# Logits held at once by the loss, per micro-batch: 64 MiB of float32.
+LOGITS_CHUNK_ELEMENTS = 1 << 24
+
+
+def _token_logprobs(hidden: jax.Array, table: jax.Array,
+                    tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """log π(tokens[:, t]) and the entropy at t, [B, T]; t = 0 has no prediction, so 0.
+
+    hidden [B, T, D] and table [V, D] from `apply_hidden`. The logits [B, T, V] are never
+    held whole: at SmolLM2's vocabulary one 16 x 128 micro-batch has 400 MB of them, and the
+    softmax, the entropy and their gradients held several such tensors at once (6.7 GB of a
+    default train step). Positions are unembedded a chunk at a time instead, and each chunk
+    is recomputed in the backward pass rather than stored.
+    """
+    b, t, d = hidden.shape
+    n = t - 1  # position t predicts token t + 1
+    chunk = max(1, min(n, LOGITS_CHUNK_ELEMENTS // (b * table.shape[0])))
+    num = -(-n // chunk)
+    pad = num * chunk - n
+    h = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    h = h.reshape(b, num, chunk, d).swapaxes(0, 1)  # [num, B, chunk, D]
+    targets = targets.reshape(b, num, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one_chunk(args):
+        h_chunk, target_chunk = args
+        logz = jax.nn.log_softmax(unembed(h_chunk, table), axis=-1)  # [B, chunk, V]
+        taken = jnp.take_along_axis(logz, target_chunk[..., None], axis=-1)[..., 0]
+        return taken, -(jnp.exp(logz) * logz).sum(-1)
+
+    taken, entropy = jax.lax.map(one_chunk, (h, targets))  # [num, B, chunk] each
+    zero = jnp.zeros((b, 1), taken.dtype)
+
+    def unchunk(x):
+        return jnp.concatenate([zero, x.swapaxes(0, 1).reshape(b, -1)[:, :n]], 1)
+
+    return unchunk(taken), unchunk(entropy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,12 +278,12 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh):
 
     def micro_loss(params, ref_params, mb):
         tokens, positions, mask, behaviour, adv, agg_w = mb
-        logits, _ = apply(graphdef, params, tokens, positions)
-        logp, entropy = _token_logprobs(logits, tokens)
+        logp, entropy = _token_logprobs(
+            *apply_hidden(graphdef, params, tokens, positions, config.remat), tokens)
         ref_logp = None
         if ref_params is not None:
-            ref_logits, _ = apply(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions)
-            ref_logp = _token_logprobs(ref_logits, tokens)[0]
+            ref = apply_hidden(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions)
+            ref_logp = _token_logprobs(*ref, tokens)[0]
         per_token, aux = losses.token_terms(loss_cfg, logp, behaviour, adv, mask, entropy, ref_logp)
         loss = (per_token * agg_w).sum()
         sums = {k: jnp.where(mask > 0, v, 0.0).sum() for k, v in aux.items() if k != "is_weight"}

@@ -7,18 +7,29 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncrl.model import apply
+from asyncrl.model import apply, apply_hidden
 from asyncrl.train import losses
 from asyncrl.train.metrics import LateMetrics
+from asyncrl.train import trainer as trainer_module
 from asyncrl.train.trainer import FSDP, Trainer, TrainConfig, _token_logprobs, trainer_mesh
 from tests.train.helpers import CONFIG, MODEL, G, make_batch
 
 
 
+def plain_token_logprobs(logits, tokens):
+    """log π and entropy [B, T] from whole logits [B, T, V] (0 at t = 0): what the trainer's
+    chunked computation must equal."""
+    logz = jax.nn.log_softmax(logits[:, :-1], axis=-1)
+    taken = jnp.take_along_axis(logz, tokens[:, 1:, None], axis=-1)[..., 0]
+    entropy = -(jnp.exp(logz) * logz).sum(-1)
+    pad = jnp.zeros_like(taken[:, :1])
+    return jnp.concatenate([pad, taken], 1), jnp.concatenate([pad, entropy], 1)
+
+
 def reference_loss(params, batch):
     """The loss of the whole batch in one plain pass (at step 0, the reference = params)."""
     logits, _ = apply(*params, batch.tokens, batch.positions)
-    logp, entropy = _token_logprobs(logits, batch.tokens)
+    logp, entropy = plain_token_logprobs(logits, batch.tokens)
     mask = np.asarray(batch.loss_mask)
     adv = losses.compute_advantages(CONFIG.loss, jnp.asarray(batch.rewards), G)
     per_token, _ = losses.token_terms(CONFIG.loss, logp, jnp.asarray(batch.behaviour_logp), adv, mask, entropy, logp)
@@ -122,3 +133,53 @@ def test_bad_configs_say_what_was_received():
         TrainConfig(schedule="linear")
     with pytest.raises(ValueError, match="num_microbatches"):
         TrainConfig(num_microbatches=0)
+
+
+@pytest.mark.parametrize("chunk_tokens", [4, 1000], ids=["chunked-with-padding", "one-chunk"])
+def test_chunked_log_probs_equal_whole_logits_with_their_gradients(trainer, monkeypatch, chunk_tokens):
+    batch = make_batch(0)
+    tokens = jnp.asarray(batch.tokens)
+    b, t = tokens.shape
+    assert (t - 1) % 4  # so the 4-token chunks need padding
+    monkeypatch.setattr(trainer_module, "LOGITS_CHUNK_ELEMENTS", chunk_tokens * b * MODEL.vocab_size)
+    params = jax.device_get(trainer.init_state().params)
+    hidden, table = apply_hidden(trainer.graphdef, params, tokens, jnp.asarray(batch.positions))
+    weights = jnp.asarray(np.random.default_rng(0).normal(size=(b, t)), jnp.float32)
+
+    def objective(fn, hidden, table):
+        logp, entropy = fn(hidden, table)
+        return (weights * logp).sum() + 0.1 * (weights * entropy).sum(), (logp, entropy)
+
+    def plain(hidden, table):
+        return plain_token_logprobs(jnp.einsum("BTD,VD->BTV", hidden, table), tokens)
+
+    def chunked(hidden, table):
+        return _token_logprobs(hidden, table, tokens)
+
+    grads = {}
+    for name, fn in (("plain", plain), ("chunked", chunked)):
+        grad_fn = jax.jit(jax.grad(lambda h, w: objective(fn, h, w), argnums=(0, 1), has_aux=True))
+        grads[name] = grad_fn(hidden, table)
+    (g_chunked, (logp, entropy)), (g_plain, (want_logp, want_entropy)) = grads["chunked"], grads["plain"]
+    np.testing.assert_allclose(logp, want_logp, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(entropy, want_entropy, rtol=1e-5, atol=1e-5)
+    assert float(jnp.abs(logp[:, 0]).max()) == 0.0  # t = 0 predicts nothing
+    for got, want in zip(g_chunked, g_plain):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_remat_policies_change_memory_not_the_update(trainer):
+    """Recomputing a layer in the backward pass gives the same step as storing it."""
+    batch = make_batch(0)
+    init = jax.device_get(trainer.init_state().params)
+    updated = {}
+    for remat in ("full", "dots"):
+        tr = Trainer.create(dataclasses.replace(CONFIG, remat=remat), MODEL, trainer.mesh, G)
+        state, _ = tr.step(tr.init_state(init), tr.put_batch(batch))
+        updated[remat] = jax.device_get(state.params)
+    state, _ = trainer.step(trainer.init_state(init), trainer.put_batch(batch))
+    baseline = jax.device_get(state.params)
+    for remat, params in updated.items():
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), params, baseline)
+    with pytest.raises(ValueError, match="unknown remat policy 'some'; registered: dots, full, none"):
+        dataclasses.replace(CONFIG, remat="some")
