@@ -235,8 +235,8 @@ class Block(nnx.Module):
 
 
 # What a layer keeps for the backward pass; the rest is recomputed there. A training forward
-# otherwise stores ~16k floats per token per layer at SmolLM2's shapes (2 GB for 16 x 128
-# tokens), the largest share of a train step's memory.
+# otherwise stores ~16k floats per token per layer at SmolLM2's shapes (3.9 GB for one
+# micro-batch of 16 x 128 tokens), the largest share of a train step's memory.
 REMAT_POLICIES = Registry("remat policy")
 REMAT_POLICIES.add("none", None)  # keep everything: fastest, most memory
 # Keep the projections' outputs, recompute norms, activations and attention scores.
@@ -267,7 +267,8 @@ class Decoder(nnx.Module):
         x, cache_kv = self.hidden(tokens, positions, cache_kv)
         if logits_at is not None:
             # A prefill needs the last prompt token's logits only; unembedding every padded
-            # position would cost T x V x D, a fifth of the prefill at SmolLM2's vocabulary.
+            # position would cost T x V x D, a fifth of a prefill's arithmetic at SmolLM2's
+            # shapes.
             x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         return unembed(x, self.unembedding_table()), cache_kv
 

@@ -150,9 +150,9 @@ def _token_logprobs(hidden: jax.Array, table: jax.Array,
 
     hidden [B, T, D] and table [V, D] from `apply_hidden`. The logits [B, T, V] are never
     held whole: at SmolLM2's vocabulary one 16 x 128 micro-batch has 400 MB of them, and the
-    softmax, the entropy and their gradients held several such tensors at once (6.7 GB of a
-    default train step). Positions are unembedded a chunk at a time instead, and each chunk
-    is recomputed in the backward pass rather than stored.
+    softmax, the entropy and their gradients held several such tensors at once (1.2 GB of a
+    default step's temporaries). Positions are unembedded a chunk at a time instead, and
+    each chunk is recomputed in the backward pass rather than stored.
     """
     b, t, d = hidden.shape
     n = t - 1  # position t predicts token t + 1
