@@ -6,6 +6,7 @@ which is why it lives here, ahead of every test module.
 """
 
 import os
+import pathlib
 
 import pytest
 
@@ -25,5 +26,9 @@ def pytest_configure(config):
 def pytest_runtest_protocol(item, nextitem):
     # The whole protocol, not just the call: a module fixture's set-up (compiling a model,
     # running a system) loads the host as much as the test that first asks for it.
-    with host_share(exclusive=item.get_closest_marker("owns_host") is not None):
+    # xdist hands each worker a basetemp inside the run's own, which pytest rotates: the
+    # lock files live there, shared by the workers and gone with the run's temp files.
+    worker = os.environ.get("PYTEST_XDIST_WORKER") is not None
+    lock_dir = pathlib.Path(item.config.option.basetemp).parent if worker else None
+    with host_share(item.get_closest_marker("owns_host") is not None, lock_dir):
         yield

@@ -13,19 +13,16 @@ starved by a stream of short tests.
 
 import contextlib
 import fcntl
-import os
 import pathlib
-import tempfile
 
 
 @contextlib.contextmanager
-def host_share(exclusive: bool, run_id: str | None = None):
-    run_id = run_id or os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if run_id is None:  # one process has no neighbour to wait for
+def host_share(exclusive: bool, lock_dir: pathlib.Path | None):
+    """lock_dir: shared by every worker of one run (None: a single process, no neighbour)."""
+    if lock_dir is None:
         yield
         return
-    base = pathlib.Path(tempfile.gettempdir()) / f"asyncrl-tests-{run_id}"
-    with open(f"{base}.gate", "a") as gate, open(f"{base}.lock", "a") as lock:
+    with open(lock_dir / "host.gate", "a") as gate, open(lock_dir / "host.lock", "a") as lock:
         fcntl.flock(gate, fcntl.LOCK_EX)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)

@@ -3,14 +3,13 @@ starved by them."""
 
 import threading
 import time
-import uuid
 
 from tests.host_share import host_share
 
 
-def _enter_after(exclusive: bool, run_id: str, entered: list, hold_s: float = 0.0):
+def _enter_after(exclusive: bool, lock_dir, entered: list, hold_s: float = 0.0):
     def body():
-        with host_share(exclusive, run_id):
+        with host_share(exclusive, lock_dir):
             entered.append((exclusive, time.monotonic()))
             time.sleep(hold_s)
     thread = threading.Thread(target=body)
@@ -18,18 +17,17 @@ def _enter_after(exclusive: bool, run_id: str, entered: list, hold_s: float = 0.
     return thread
 
 
-def test_shared_tests_overlap_but_wait_for_an_owner():
-    run_id = uuid.uuid4().hex
+def test_shared_tests_overlap_but_wait_for_an_owner(tmp_path):
     entered = []
-    with host_share(False, run_id):
-        neighbour = _enter_after(False, run_id, entered)  # two ordinary tests run side by side
+    with host_share(False, tmp_path):
+        neighbour = _enter_after(False, tmp_path, entered)  # two ordinary tests run side by side
         neighbour.join(timeout=5)
         assert len(entered) == 1
 
-        owner = _enter_after(True, run_id, entered, hold_s=0.3)
+        owner = _enter_after(True, tmp_path, entered, hold_s=0.3)
         time.sleep(0.2)
         assert len(entered) == 1  # the owner waits for the test that is running
-        late = _enter_after(False, run_id, entered)
+        late = _enter_after(False, tmp_path, entered)
         time.sleep(0.2)
         assert len(entered) == 1  # and a test arriving after the owner does not jump ahead
     owner.join(timeout=5)
