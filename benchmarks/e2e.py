@@ -48,11 +48,10 @@ SCHEDULES = {
 }
 
 
-def measure(name: str, variant: str, steps: int, workdir: pathlib.Path,
-            frozen: bool = False) -> dict:
-    c = configure(name, variant, steps, frozen)
-    system.run(c, workdir / name)
-    return summarize(workdir / name)
+def measure(config, run_dir: pathlib.Path) -> dict:
+    """Runs one configured schedule (see `configure`) into run_dir and summarises it."""
+    system.run(config, run_dir)
+    return summarize(run_dir)
 
 
 def configure(name: str, variant: str, steps: int, frozen: bool = False):
@@ -100,8 +99,8 @@ def main():
     if args.reuse:
         measured = {name: summarize(workdir / name) for name in names}
     else:
-        measured = {name: measure(name, args.variant, args.steps, workdir, args.frozen)
-                    for name in names}
+        measured = {name: measure(configure(name, args.variant, args.steps, args.frozen),
+                                  workdir / name) for name in names}
 
     print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
           f"{'trainer busy':>12s} {'inst idle':>9s}")

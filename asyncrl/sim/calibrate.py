@@ -90,6 +90,11 @@ def simulator_config(system_config, calibration: Calibration, files_dir: str | p
     else:
         raise ValueError(f"schedule={c.schedule!r} at η={c.staleness.eta}: the simulator has "
                          "a counterpart only for 'staleflow' and for 'barrier' at η = 0")
+    # The simulated StaleFlow always resumes interrupted responses and never filters groups;
+    # a run configured otherwise would be compared with a schedule it did not follow.
+    if not c.coordinator.partial_rollout or c.coordinator.dynamic_sampling:
+        raise ValueError("coordinator.partial_rollout=False or dynamic_sampling=True: the "
+                         "simulator has no counterpart (it always resumes, never filters)")
     files_dir = pathlib.Path(files_dir)
     files_dir.mkdir(parents=True, exist_ok=True)
     (files_dir / "profile.json").write_text(json.dumps(calibration.profile))
@@ -109,4 +114,5 @@ def simulator_config(system_config, calibration: Calibration, files_dir: str | p
     sim.schedules.staleflow.router = c.coordinator.routing
     sim.schedules.staleflow.sync = c.coordinator.sync
     sim.schedules.staleflow.migration = c.coordinator.migration
+    sim.schedules.staleflow.redundancy = c.coordinator.redundancy
     return sim

@@ -28,9 +28,9 @@ def _e2e():
 
 
 def _ratios(e2e, tmp_path):
-    measured = {name: e2e.measure(name, "longtail", STEPS, tmp_path, frozen=True)["tokens_per_s"]
-                for name in ("staleflow", "sync")}
-    config = {name: e2e.configure(name, "longtail", STEPS, frozen=True) for name in measured}
+    config = {name: e2e.configure(name, "longtail", STEPS, frozen=True)
+              for name in ("staleflow", "sync")}
+    measured = {name: e2e.measure(c, tmp_path / name)["tokens_per_s"] for name, c in config.items()}
     calibration = calibrate.from_barrier_run(tmp_path / "sync", config["sync"].rollout.num_slots)
     simulated = {name: simulate(calibrate.simulator_config(c, calibration, tmp_path / "sim", STEPS))
                  .throughput_tok_s for name, c in config.items()}
@@ -75,6 +75,7 @@ def test_calibration_reads_a_barrier_run_and_refuses_an_overlapping_one(tmp_path
 
 
 def test_only_schedules_with_a_simulated_counterpart_are_mapped(tmp_path):
+    from experiments import staleflow as staleflow_experiment
     from experiments.baselines import sync, token_bucket
 
     _write_rows(tmp_path / "sync", [0])
@@ -83,3 +84,10 @@ def test_only_schedules_with_a_simulated_counterpart_are_mapped(tmp_path):
     assert (sim.schedule, sim.eta, sim.measure_steps, sim.reprefill_on_resume) == ("sync", 0, 4, False)
     with pytest.raises(ValueError, match="token_bucket"):
         calibrate.simulator_config(token_bucket.get_config("tiny"), calibration, tmp_path / "sim", 5)
+    staleflow = staleflow_experiment.get_config("tiny")
+    staleflow.coordinator.redundancy = "batch"
+    sim = calibrate.simulator_config(staleflow, calibration, tmp_path / "sim", 5)
+    assert (sim.schedule, sim.schedules.staleflow.redundancy) == ("staleflow", "batch")
+    staleflow.coordinator.partial_rollout = False
+    with pytest.raises(ValueError, match="partial_rollout=False"):
+        calibrate.simulator_config(staleflow, calibration, tmp_path / "sim", 5)
