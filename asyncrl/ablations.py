@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt
 import ml_collections
 import numpy as np
 
-from asyncrl import system
+from asyncrl.run import run
 from asyncrl.config import with_overrides
 from asyncrl.metrics import read_metrics, steady_tokens_per_s
 
@@ -39,9 +39,9 @@ class Ablation:
 class Run:
     ablation: Ablation
     config: ml_collections.ConfigDict  # the config it ran
-    results: dict[str, Any]  # what system.run returned (and wrote to results.json)
+    results: dict[str, Any]  # what asyncrl.run.run returned (and wrote to results.json)
     rows: list[dict[str, Any]]  # metrics.jsonl, one row per step
-    seconds: float  # system.run's wall time in this process, set-up and compiles included
+    seconds: float  # run's wall time in this process, set-up and compiles included
 
     @property
     def name(self) -> str:
@@ -80,7 +80,7 @@ class Run:
 def enable_compilation_cache(directory: str | pathlib.Path) -> None:
     """JAX's persistent compilation cache, for every compile however small.
 
-    Each `system.run` builds fresh jitted functions, so a second run in the same process
+    Each `run` builds fresh jitted functions, so a second run in the same process
     traces and compiles again; with this cache the XLA compile of identical programs is read
     back from disk. Measured on the tiny config on a 2-core CPU: step 1 ends ~12 s into the
     first run and ~2 s into the later ones when the machine is idle; a busy machine took
@@ -95,14 +95,14 @@ def run_ablation(base: ml_collections.ConfigDict, ablation: Ablation,
                  workdir: str | pathlib.Path) -> Run:
     """Runs `base` with the ablation's overrides from scratch in `workdir`.
 
-    The workdir is emptied first: `system.run` resumes from a checkpoint it finds there and
+    The workdir is emptied first: `run` resumes from a checkpoint it finds there and
     appends to metrics.jsonl, so a rerun would otherwise mix two runs' rows.
     """
     workdir = pathlib.Path(workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     config = with_overrides(base, ablation.overrides)
     start = time.perf_counter()
-    results = system.run(config, workdir)
+    results = run(config, workdir)
     seconds = time.perf_counter() - start
     return Run(ablation, config, results, read_metrics(workdir / "metrics.jsonl"), seconds)
 

@@ -15,11 +15,11 @@ from typing import Any
 import ml_collections
 
 from asyncrl.config_args import ConfigError, parse_arg  # noqa: F401 - the config API
-from asyncrl.coordinator.loop import SCHEDULES
+from asyncrl.coordinator.admission import ADMISSIONS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
 from asyncrl.coordinator.routing import ROUTERS
-from asyncrl.coordinator.sync import SYNC_POLICIES
+from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
 from asyncrl.model import REMAT_POLICIES
@@ -85,13 +85,27 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         ("task.seed", 0), ("seed", 0),
     ]:
         _int_at_least(config, field, minimum)
-    for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm"):
+    for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm",
+                  "train.batch_timeout_s"):
         _positive(config, field)
+    if not config.coordinator.migration_interval_s >= 0:
+        _fail("coordinator.migration_interval_s", config.coordinator.migration_interval_s,
+              "expected seconds ≥ 0 (0: at every coordinator step)")
     for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
+    for name, params in config.coordinator.admission_params.items():
+        field = f"coordinator.admission_params.{name}"
+        if name not in ADMISSIONS:
+            _fail(field, params.to_dict(), f"registered admissions: {', '.join(ADMISSIONS.names())}")
+        try:
+            build_admission(name, eta=config.staleness.eta, batch_size=max(config.train.batch_size, 1),
+                            redundant_batch_size=max(config.train.batch_size, 1),
+                            sync=build_sync_policy("greedy"), **params.to_dict())
+        except (TypeError, ValueError) as error:
+            _fail(field, params.to_dict(), str(error))
     for field, registry in [
-        ("schedule", SCHEDULES), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
+        ("coordinator.admission", ADMISSIONS), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
         ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
     ]:

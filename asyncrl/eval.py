@@ -46,7 +46,8 @@ def _trainer_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
 def load_params(c, checkpoint: str):
     """(policy, params, default output folder) for `checkpoint`; the config's model section
     describes the architecture a trainer checkpoint was saved from."""
-    from asyncrl.system import load_policy, make_train_config
+    from asyncrl.policy import load_policy
+    from asyncrl.run import train_config
     from asyncrl.train.checkpoint import CheckpointError, restore_params
     from asyncrl.train.trainer import Trainer, trainer_mesh
 
@@ -59,7 +60,7 @@ def load_params(c, checkpoint: str):
         policy = load_policy(c.model)
         return policy, policy.params, pathlib.Path.cwd() if checkpoint == "embedded" else path.parent
     policy = load_policy(c.model)  # the architecture the trainer checkpoint was saved from
-    trainer = Trainer.create(make_train_config(c), policy.config,
+    trainer = Trainer.create(train_config(c), policy.config,
                              trainer_mesh(jax.devices()[:c.mesh.trainer_devices]), c.rollout.group_size)
     params, step = restore_params(trainer, root)
     print(f"restored step {step} from {root}")
@@ -71,7 +72,7 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
     from asyncrl.data.sources import build_task_data
     from asyncrl.evaluation import Evaluator, describe
     from asyncrl.model import graphdef_for
-    from asyncrl.system import encode
+    from asyncrl.policy import encode
 
     config_lib.validate(c, jax.device_count())
     policy, params, folder = load_params(c, checkpoint)

@@ -15,6 +15,7 @@ from asyncrl.host_devices import split_cpu_host
 split_cpu_host(8)
 
 import signal  # noqa: E402
+import threading  # noqa: E402
 
 import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
@@ -35,21 +36,20 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from asyncrl import system
+    from asyncrl.run import run
 
     logging.get_absl_handler().addFilter(_QuietLibraries())
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
-    running = {}
+    stop = threading.Event()
 
     def request_stop(signum, frame):
         logging.warning("signal %d: finishing the step in flight, then checkpointing", signum)
-        if "system" in running:
-            running["system"].stop_requested.set()
+        stop.set()
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    system.run(_CONFIG.value, _WORKDIR.value, on_built=lambda s: running.update(system=s))
+    run(_CONFIG.value, _WORKDIR.value, stop=stop)
 
 
 if __name__ == "__main__":

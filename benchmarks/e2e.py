@@ -36,7 +36,7 @@ import tempfile  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from asyncrl import system  # noqa: E402
+from asyncrl.run import run  # noqa: E402
 from asyncrl.metrics import read_metrics, steady_tokens_per_s  # noqa: E402
 
 SCHEDULES = {
@@ -50,7 +50,7 @@ SCHEDULES = {
 
 def measure(config, run_dir: pathlib.Path) -> dict:
     """Runs one configured schedule (see `configure`) into run_dir and summarises it."""
-    system.run(config, run_dir)
+    run(config, run_dir)
     return summarize(run_dir)
 
 

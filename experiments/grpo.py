@@ -22,7 +22,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arg = parse_arg(arg, tiny=False, eta=2)
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.schedule = "staleflow"
 
     c.model = ml_collections.ConfigDict()
     c.model.checkpoint = "embedded"  # 'embedded', 'random', an HF folder or a .gguf file
@@ -59,6 +58,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.staleness.eta = arg.eta
 
     c.coordinator = ml_collections.ConfigDict()
+    # 'staleflow' (the per-trajectory bound), or a baseline: 'barrier' (η = 0 synchronous,
+    # η = 1 one-step off-policy, slime's loop) or 'token_bucket' (AReaL; ROLL with drop_stale).
+    c.coordinator.admission = "staleflow"
+    c.coordinator.admission_params = ml_collections.ConfigDict({
+        "barrier": {"over_sampling": 1.0}, "token_bucket": {"drop_stale": False}})
     c.coordinator.routing = "least_loaded"
     c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
@@ -66,12 +70,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # finish and migration moves only queued work: one version per trajectory.
     c.coordinator.partial_rollout = True
     c.coordinator.migration = "balance"
+    c.coordinator.migration_interval_s = 0.0  # 0: consider moves at every coordinator step
     c.coordinator.redundancy = "none"
     c.coordinator.dynamic_sampling = False
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # entries (prompts); each holds group_size responses
     c.train.steps = 18
+    c.train.batch_timeout_s = 3600.0  # the trainer gives up waiting for a batch after this
     c.train.learning_rate = 5e-5
     c.train.warmup_steps = 0
     c.train.lr_schedule = "constant"

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from asyncrl import system
+from asyncrl import policy as policy_lib
+from asyncrl.run import run
 from asyncrl.metrics import read_metrics
 from tests.test_system import ROOT, tiny
 
@@ -33,7 +34,7 @@ def file_run(tmp_path_factory):
              train__steps=STEPS, eval__heldout_size=10, eval__every_steps=EVERY,
              eval__samples=SAMPLES, eval__pass_k=(1, SAMPLES))
     workdir = root / "run"
-    results = system.run(c, workdir)
+    results = run(c, workdir)
     return c, workdir, results
 
 

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from asyncrl import system
+from asyncrl import policy as policy_lib
+from asyncrl.run import run
 from asyncrl.config import ConfigError, validate
 from asyncrl.metrics import read_metrics
 from asyncrl.model import BOXED_SYSTEM_PROMPT
@@ -55,7 +56,7 @@ def scaled_down(train, test, model):
 def test_the_gsm8k_config_runs_on_a_hugging_face_folder(files, tmp_path):
     c = scaled_down(*files)
     validate(c, 8)
-    results = system.run(c, tmp_path)
+    results = run(c, tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
     assert {"eval_pass@1", "eval_pass@2", "eval_format_rate"} <= set(rows[0])
@@ -64,11 +65,11 @@ def test_the_gsm8k_config_runs_on_a_hugging_face_folder(files, tmp_path):
 
 def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files, tmp_path):
     c = scaled_down(*files)
-    policy = system.load_policy(c.model)
+    policy = policy_lib.load_policy(c.model)
     from asyncrl.data.sources import build_task_data
 
     problem = build_task_data(c.task, 4, tmp_path).heldout[0]
-    text = policy.tokenizer.decode(list(system.encode(c, policy, problem).tokens),
+    text = policy.tokenizer.decode(list(policy_lib.encode(c, policy, problem).tokens),
                                    skip_special_tokens=False)
     assert text.startswith(f"<|im_start|>system\n{BOXED_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")
     assert text.endswith(f"{problem.question}<|im_end|>\n<|im_start|>assistant\n")

@@ -15,7 +15,7 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl import system
+from asyncrl.run import run
 from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.metrics import read_metrics
 from experiments.grpo import get_config
@@ -39,7 +39,7 @@ def async_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("eta2")
     # 40 steps: at 30 a run on a loaded machine (more staleness at lr 1e-2) once rose by
     # only 0.09 in mean reward; quiet runs rise by ~0.27.
-    results = system.run(tiny(train__steps=ASYNC_STEPS), workdir)
+    results = run(tiny(train__steps=ASYNC_STEPS), workdir)
     return results, read_metrics(workdir / "metrics.jsonl")
 
 
@@ -68,8 +68,9 @@ def test_reward_rises_and_accuracy_improves(async_run):
 def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
     runs = {}
     for schedule in ("staleflow", "barrier"):
-        c = tiny(staleness__eta=0, train__steps=4, schedule=schedule, eval__heldout_size=8)
-        system.run(c, tmp_path / schedule)
+        c = tiny(staleness__eta=0, train__steps=4, coordinator__admission=schedule,
+                 eval__heldout_size=8)
+        run(c, tmp_path / schedule)
         runs[schedule] = read_metrics(tmp_path / schedule / "metrics.jsonl")
     digests = {s: [r["batch_digest"] for r in rows] for s, rows in runs.items()}
     assert digests["staleflow"] == digests["barrier"]  # the same tokens, step by step
@@ -81,7 +82,7 @@ def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
 def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_path):
     # 12-token responses from the untrained model: with partial rollout on, this run swaps
     # weights under running trajectories (22-40 per step from step 3, measured).
-    system.run(tiny(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
+    run(tiny(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
                     train__steps=6, eval__heldout_size=8), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["partial_rollouts"] for r in rows] == [0] * 6
@@ -101,7 +102,7 @@ def test_a_failing_instance_has_its_work_rerouted(tmp_path, caplog):
 
         engine.generate = generate
 
-    results = system.run(tiny(train__steps=6, eval__heldout_size=8), tmp_path,
+    results = run(tiny(train__steps=6, eval__heldout_size=8), tmp_path,
                          on_built=break_instance_1)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert results["steps"] == 6

@@ -53,6 +53,8 @@ def pick_trajectories(candidates: Sequence[Candidate], count: int) -> list[Candi
 
 
 class MigrationPolicy:
+    moves_work = True  # False: the core never asks for a plan
+
     def plan(self, cluster: ClusterView, can_dispatch_new: np.ndarray) -> list[Move]:
         """Moves to make now. `can_dispatch_new[i]`: a new entry may land at instance i."""
         raise NotImplementedError
@@ -60,6 +62,8 @@ class MigrationPolicy:
 
 @MIGRATION_POLICIES.register("none")
 class NoMigration(MigrationPolicy):
+    moves_work = False
+
     def plan(self, cluster, can_dispatch_new):
         return []
 

@@ -1,7 +1,4 @@
-"""What crosses between a rollout instance and the coordinator: plain records, no JAX.
-
-Kept apart from the engine so the coordinator can use them without importing model code.
-"""
+"""What crosses between a rollout instance and its driver: plain records, no JAX."""
 
 from __future__ import annotations
 
@@ -42,33 +39,16 @@ class InstanceFailed(RuntimeError):
 class Work:
     """A group to start (one prefill fanned out into its members) or one trajectory to resume."""
 
-    entry_id: int
     trajectories: list[Trajectory]  # new members have no tokens; a resume holds one partial
 
     @property
     def resume(self) -> bool:
         return len(self.trajectories) == 1 and bool(self.trajectories[0].tokens)
 
-    @property
-    def tokens(self) -> int:
-        t = self.trajectories[0]
-        return len(t.prompt) + len(t.tokens)
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    kind: str  # "finished" | "extracted" | "synced" | "failed"
-    instance: int
-    trajectories: tuple[Trajectory, ...] = ()  # finished: complete; extracted: partial
-    entry_ids: tuple[int, ...] = ()  # parallel to trajectories
-    lost_ids: tuple[int, ...] = ()  # failed: trajectory ids it held, to re-route
-    version: int = -1
-    error: BaseException | None = None
-
 
 @dataclasses.dataclass(frozen=True)
 class Snapshot:
-    """What the coordinator's policies see (see asyncrl.coordinator.view.InstanceView)."""
+    """An instance's state for its driver: what the coordinator sees, and where time went."""
 
     version: int
     running: int

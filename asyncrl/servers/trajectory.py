@@ -41,6 +41,9 @@ class TrajectoryRecord:
     finish_reason: str | None = None
     reward: float | None = None
     instance: int | None = None  # where it runs or last ran
+    # The instance's decode-step count when it last started running: with the instance's
+    # current count, how many tokens it has now (a migration moves the cheapest).
+    started_at_step: int = 0
     interruptions: int = 0
     migrations: int = 0
 
@@ -57,6 +60,7 @@ class TrajectoryServer:
         self._records: dict[int, TrajectoryRecord] = {}
         self._groups: dict[int, _Group] = {}
         self._lifecycle = LifecycleTracker()
+        self._held: dict[int, set[int]] = {}  # instance -> trajectories routed to or running on it
         self._next_trajectory_id = 0
         self._lock = threading.RLock()
 
@@ -100,7 +104,7 @@ class TrajectoryServer:
     def occupy(self, entry_id: int) -> None:
         with self._lock:
             for t in self._group(entry_id).members:
-                self._lifecycle.transition(t, _S.OCCUPIED)
+                self._move(t, _S.OCCUPIED)
 
     def consume(self, entry_id: int) -> list[TrajectoryRecord]:
         """Hands the group to the trainer and forgets it."""
@@ -108,36 +112,52 @@ class TrajectoryServer:
             group = self._groups.pop(entry_id)
             records = []
             for t in group.members:
-                self._lifecycle.transition(t, _S.CONSUMED)
+                self._move(t, _S.CONSUMED)
                 self._lifecycle.forget(t)
                 records.append(self._records.pop(t))
             return records
 
-    def abort(self, entry_id: int) -> list[int]:
+    def abort(self, entry_id: int) -> list[tuple[int, int]]:
         """Drops a group (abort rule, redundancy, failed reward, no-signal filter).
 
-        Returns the members that were still live, which the caller must stop wherever they run.
+        Returns (trajectory, instance) for the members an instance still holds: the caller
+        must stop them there.
         """
         with self._lock:
             group = self._groups.pop(entry_id)
-            return [t for t in group.members if self._drop(t)]
+            return [held for t in group.members if (held := self._drop(t)) is not None]
 
-    def drop_members(self, entry_id: int, trajectory_ids: Sequence[int]) -> list[int]:
+    def drop_members(self, entry_id: int, trajectory_ids: Sequence[int]) -> list[tuple[int, int]]:
         """Drops some members of a group (group redundancy: the surplus responses); returns
-        those still running, which the caller must stop."""
+        (trajectory, instance) for those an instance still holds."""
         with self._lock:
             group = self._group(entry_id)
             for t in trajectory_ids:
                 group.members.remove(t)
-            return [t for t in trajectory_ids if self._drop(t)]
+            return [held for t in trajectory_ids if (held := self._drop(t)) is not None]
 
-    def _drop(self, trajectory_id: int) -> bool:
-        """Aborts and forgets one trajectory; True if an instance may still hold it."""
+    def _drop(self, trajectory_id: int) -> tuple[int, int] | None:
+        """Aborts and forgets one trajectory; (id, instance) if an instance may still hold it."""
+        instance = self._records[trajectory_id].instance
         live = self._lifecycle.state(trajectory_id) in (_S.ROUTED, _S.RUNNING)
-        self._lifecycle.transition(trajectory_id, _S.ABORTED)
+        self._move(trajectory_id, _S.ABORTED)
         self._lifecycle.forget(trajectory_id)
         del self._records[trajectory_id]
-        return live
+        return (trajectory_id, instance) if live else None
+
+    def _move(self, trajectory_id: int, state: TrajectoryState) -> None:
+        """Every lifecycle transition, keeping the per-instance index of held work."""
+        self._lifecycle.transition(trajectory_id, state)
+        instance = self._records[trajectory_id].instance
+        if state in (_S.ROUTED, _S.RUNNING):
+            self._held.setdefault(instance, set()).add(trajectory_id)
+        elif instance is not None:
+            self._held.get(instance, set()).discard(trajectory_id)
+
+    def held_by(self, instance: int) -> list[int]:
+        """Trajectories routed to or running on `instance`, in id order."""
+        with self._lock:
+            return sorted(self._held.get(instance, ()))
 
     # ---------------------------------------------------------------- trajectories
 
@@ -152,6 +172,39 @@ class TrajectoryServer:
     def state(self, trajectory_id: int) -> TrajectoryState:
         return self._lifecycle.state(trajectory_id)
 
+    def has(self, trajectory_id: int) -> bool:
+        """False once the trajectory is consumed or aborted."""
+        with self._lock:
+            return trajectory_id in self._records
+
+    def has_entry(self, entry_id: int) -> bool:
+        with self._lock:
+            return entry_id in self._groups
+
+    def entry_of(self, trajectory_id: int) -> int:
+        with self._lock:
+            return self._records[trajectory_id].entry_id
+
+    def prompt_id(self, entry_id: int) -> int:
+        with self._lock:
+            return self._group(entry_id).prompt_id
+
+    def instance_of(self, trajectory_id: int) -> int | None:
+        with self._lock:
+            return self._records[trajectory_id].instance
+
+    def reward(self, trajectory_id: int) -> float | None:
+        with self._lock:
+            return self._records[trajectory_id].reward
+
+    def progress(self, trajectory_id: int) -> tuple[TrajectoryState, int, int, int]:
+        """(state, prompt tokens, tokens generated as last reported, the instance's decode
+        step when it last started running), without copying the token lists."""
+        with self._lock:
+            r = self._records[trajectory_id]
+            return (self._lifecycle.state(trajectory_id), len(r.prompt), len(r.tokens),
+                    r.started_at_step)
+
     def in_state(self, state: TrajectoryState) -> list[int]:
         return self._lifecycle.in_state(state)
 
@@ -159,17 +212,21 @@ class TrajectoryServer:
         with self._lock:
             record = self._records[trajectory_id]
             previous = self._lifecycle.state(trajectory_id)
-            self._lifecycle.transition(trajectory_id, _S.ROUTED)
+            if previous is _S.ROUTED and record.instance is not None:
+                self._held.get(record.instance, set()).discard(trajectory_id)
             if previous is _S.INTERRUPTED and record.instance not in (None, instance):
                 record.migrations += 1
             record.instance = instance
+            self._move(trajectory_id, _S.ROUTED)
 
-    def try_start(self, trajectory_id: int) -> bool:
-        """An instance starts generating it; False if it is gone (its entry was aborted)."""
+    def try_start(self, trajectory_id: int, at_step: int = 0) -> bool:
+        """An instance starts generating it at its decode step `at_step`; False if it is gone
+        (its entry was aborted) or no longer routed there (it was extracted meanwhile)."""
         with self._lock:
-            if trajectory_id not in self._records:
+            if trajectory_id not in self._records or self._lifecycle.state(trajectory_id) is not _S.ROUTED:
                 return False
-            self._lifecycle.transition(trajectory_id, _S.RUNNING)
+            self._records[trajectory_id].started_at_step = at_step
+            self._move(trajectory_id, _S.RUNNING)
             return True
 
     def append(self, trajectory_id: int, tokens: Sequence[int], logprobs: Sequence[float],
@@ -194,15 +251,25 @@ class TrajectoryServer:
     def report(self, trajectory_id: int, tokens: Sequence[int], logprobs: Sequence[float],
                policy_logprobs: Sequence[float], versions: Sequence[int],
                finish_reason: str | None) -> bool:
-        """An instance hands back a RUNNING trajectory: its new segment, then GENERATED (with a
-        finish reason) or INTERRUPTED (None: it stopped part-way, to resume elsewhere).
+        """An instance hands back a RUNNING trajectory, whole (every token so far, those the
+        server already holds from before a resume included), then GENERATED (with a finish
+        reason) or INTERRUPTED (None: it stopped part-way, to resume elsewhere). The server
+        keeps the tokens it has and appends the rest.
 
-        Atomic, and False if the trajectory is gone: an abort may race with the report.
+        Atomic, and False if the trajectory is gone or no longer running there: an abort or
+        an extraction may race with the report.
         """
         with self._lock:
-            if trajectory_id not in self._records:
+            if (trajectory_id not in self._records
+                    or self._lifecycle.state(trajectory_id) is not _S.RUNNING):
                 return False
-            self.append(trajectory_id, tokens, logprobs, policy_logprobs, versions)
+            held = len(self._records[trajectory_id].tokens)
+            if len(tokens) < held:
+                raise IllegalTransition(
+                    f"trajectory {trajectory_id}: reported {len(tokens)} tokens, fewer than the "
+                    f"{held} it already had")
+            self.append(trajectory_id, tokens[held:], logprobs[held:], policy_logprobs[held:],
+                        versions[held:])
             if finish_reason is None:
                 self.interrupt(trajectory_id)
             else:
@@ -211,17 +278,17 @@ class TrajectoryServer:
 
     def interrupt(self, trajectory_id: int) -> None:
         with self._lock:
-            self._lifecycle.transition(trajectory_id, _S.INTERRUPTED)
+            self._move(trajectory_id, _S.INTERRUPTED)
             self._records[trajectory_id].interruptions += 1
 
     def finish(self, trajectory_id: int, finish_reason: str) -> None:
         with self._lock:
-            self._lifecycle.transition(trajectory_id, _S.GENERATED)
+            self._move(trajectory_id, _S.GENERATED)
             self._records[trajectory_id].finish_reason = finish_reason
 
     def set_reward(self, trajectory_id: int, reward: float) -> None:
         with self._lock:
-            self._lifecycle.transition(trajectory_id, _S.REWARDED)
+            self._move(trajectory_id, _S.REWARDED)
             self._records[trajectory_id].reward = float(reward)
 
     # ---------------------------------------------------------------- checkpoints
@@ -296,6 +363,15 @@ class TrajectoryServer:
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"trajectory state is malformed: {type(e).__name__}: {e}") from e
         return server
+
+    def load_state_dict(self, json_state: dict[str, Any], arrays: dict[str, np.ndarray]) -> None:
+        """Replaces everything this server holds with a checkpoint's state (in place: the
+        coordinator, the instances and the driver keep their reference)."""
+        restored = type(self).from_state_dict(json_state, arrays)
+        with self._lock:
+            self._records, self._groups = restored._records, restored._groups
+            self._lifecycle, self._held = restored._lifecycle, restored._held
+            self._next_trajectory_id = restored._next_trajectory_id
 
     def _restore_lifecycle(self, trajectory_id: int, state: TrajectoryState) -> None:
         # Replays a legal path to the saved state, so the tracker's rules hold after a restore.

@@ -1,4 +1,4 @@
-"""asyncrl.train: GRPO-family losses, the sharded train step, checkpoints and the loop."""
+"""asyncrl.train: GRPO-family losses, the sharded train step and checkpoints."""
 
 from asyncrl.train.checkpoint import (
     Checkpointer,
@@ -8,7 +8,6 @@ from asyncrl.train.checkpoint import (
     restore_or_init,
 )
 from asyncrl.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, LossConfig
-from asyncrl.train.loop import DataSource, train
 from asyncrl.train.metrics import LateMetrics, check_finite
 from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer, TrainState, trainer_mesh
 
@@ -18,7 +17,6 @@ __all__ = [
     "POLICY_LOSSES",
     "CheckpointError",
     "Checkpointer",
-    "DataSource",
     "LateMetrics",
     "LossConfig",
     "ResumeData",
@@ -29,6 +27,5 @@ __all__ = [
     "check_finite",
     "export_policy",
     "restore_or_init",
-    "train",
     "trainer_mesh",
 ]

@@ -33,7 +33,7 @@ import orbax.checkpoint as ocp
 from asyncrl.model.loading import export_hf
 from asyncrl.train.trainer import Trainer, TrainState
 
-FORMAT = 1
+FORMAT = 2  # 2: `coordinator` (the core's whole state) replaced `staleness`
 _ITEMS = ("state", "meta", "trajectories")
 
 
@@ -45,8 +45,9 @@ class CheckpointError(RuntimeError):
 class ResumeData:
     """What a resume needs beside the TrainState. Plain data: JSON and numpy arrays only.
 
-    data_state: the data iterator's position, e.g. {"consumed": 1280, "epoch": 0}.
-    staleness: `StalenessManager.state_dict()` (None when no manager is in play).
+    data_state: the data iterator's position, e.g. {"cursor": {"position": 1280}}.
+    coordinator: the coordinator core's `state_dict()`: the admission's protocol state (the
+        StalenessManager's, for StaleFlow), prompts to retry, aborted entries, counters.
     trajectories: JSON metadata of every trajectory finished or partial at save time,
         e.g. {"meta": [{"id": "p3/1", "status": "RUNNING", "v_traj": 4, "len": 37}, ...]}.
     trajectory_arrays: their payloads by name, e.g. {"tokens": int32 [n, T],
@@ -54,7 +55,7 @@ class ResumeData:
     """
 
     data_state: dict[str, Any] = dataclasses.field(default_factory=dict)
-    staleness: dict[str, Any] | None = None
+    coordinator: dict[str, Any] | None = None
     trajectories: dict[str, Any] = dataclasses.field(default_factory=dict)
     trajectory_arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
@@ -138,7 +139,7 @@ class Checkpointer:
                     f"trajectory array {name!r}: need a numeric/bool dtype and a name without "
                     f"'.' or '/'; received dtype {array.dtype}"
                 )
-        for field in ("data_state", "staleness", "trajectories"):
+        for field in ("data_state", "coordinator", "trajectories"):
             value = getattr(resume, field)
             # JSON turns tuples into lists and int keys into strings: refuse what would not
             # come back equal, rather than resume from something subtly different.
@@ -153,7 +154,7 @@ class Checkpointer:
             "train_config": dataclasses.asdict(self.trainer.config),
             "fingerprints": _host_fingerprints(flat),
             "data_state": resume.data_state,
-            "staleness": resume.staleness,
+            "coordinator": resume.coordinator,
             "trajectories": resume.trajectories,
             "trajectory_arrays": {
                 k: {"shape": list(a.shape), "dtype": a.dtype.str, "sha256": _sha256(a)}
@@ -240,7 +241,7 @@ class Checkpointer:
                 )
             arrays[name] = array
         state = jax.tree_util.tree_unflatten(treedef, [flat[k] for k in expected])
-        resume = ResumeData(meta["data_state"], meta["staleness"], meta["trajectories"], arrays)
+        resume = ResumeData(meta["data_state"], meta["coordinator"], meta["trajectories"], arrays)
         return state, resume
 
 

@@ -29,7 +29,7 @@ from asyncrl.model import (
     REMAT_POLICIES, ModelConfig, ShardingRules, abstract_params, apply_hidden, init_params,
     shardings_for, unembed,
 )
-from asyncrl.train import losses
+import asyncrl.train.losses as losses
 from asyncrl.registry import Registry
 from asyncrl.train.losses import LossConfig
 
@@ -40,7 +40,7 @@ FSDP = "fsdp"
 class TrainConfig:
     loss: LossConfig = LossConfig()
     learning_rate: float = 1e-6
-    schedule: str = "constant"  # name in SCHEDULES; linear warmup first in both
+    lr_schedule: str = "constant"  # name in LR_SCHEDULES; linear warmup first in both
     warmup_steps: int = 0
     total_steps: int = 1000  # where cosine reaches its floor
     min_lr_ratio: float = 0.1  # cosine floor as a fraction of the peak
@@ -54,7 +54,7 @@ class TrainConfig:
     seed: int = 0
 
     def __post_init__(self):
-        SCHEDULES.get(self.schedule)
+        LR_SCHEDULES.get(self.lr_schedule)
         REMAT_POLICIES.get(self.remat)
         for name in ("warmup_steps", "total_steps", "num_microbatches"):
             value = getattr(self, name)
@@ -71,8 +71,8 @@ class TrainConfig:
             )
 
 
-SCHEDULES = Registry("learning-rate schedule")
-SCHEDULES.add(
+LR_SCHEDULES = Registry("learning-rate schedule")
+LR_SCHEDULES.add(
     "constant",
     lambda c: optax.join_schedules(
         [optax.linear_schedule(0.0, c.learning_rate, max(c.warmup_steps, 1)),
@@ -80,7 +80,7 @@ SCHEDULES.add(
         [c.warmup_steps],
     ),
 )
-SCHEDULES.add(
+LR_SCHEDULES.add(
     "cosine",
     lambda c: optax.warmup_cosine_decay_schedule(
         0.0, c.learning_rate, c.warmup_steps, c.total_steps, c.learning_rate * c.min_lr_ratio
@@ -98,7 +98,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return optax.chain(
         optax.clip_by_global_norm(config.max_grad_norm),
         optax.adamw(
-            SCHEDULES.get(config.schedule)(config),
+            LR_SCHEDULES.get(config.lr_schedule)(config),
             b1=config.b1, b2=config.b2, eps=config.adam_eps,
             weight_decay=config.weight_decay, mask=decay_mask,
         ),
@@ -120,6 +120,29 @@ class TrainBatch:
     # Static: it fixes the [B/G, G] reshape of the advantage estimator and is a run
     # constant, so it never retraces the step.
     group_size: int = flax.struct.field(pytree_node=False)
+
+    @classmethod
+    def from_groups(cls, groups, v_traj, version: int, max_len: int, group_size: int) -> "TrainBatch":
+        """Consumed groups of trajectory records (prompt, tokens, logprobs, versions, reward)
+        as host arrays: B·G rows right-padded to max_len."""
+        rows = [r for g in groups for r in g]
+        n = len(rows)
+        tokens = np.zeros((n, max_len), np.int32)
+        mask = np.zeros((n, max_len), np.float32)
+        behaviour = np.zeros((n, max_len), np.float32)
+        versions = np.full((n, max_len), version, np.int32)
+        for i, r in enumerate(rows):
+            p, g = len(r.prompt), len(r.tokens)
+            tokens[i, :p] = r.prompt
+            tokens[i, p:p + g] = r.tokens
+            mask[i, p:p + g] = 1.0
+            behaviour[i, p:p + g] = r.logprobs
+            versions[i, p:p + g] = r.versions
+        positions = np.broadcast_to(np.arange(max_len, dtype=np.int32), (n, max_len)).copy()
+        rewards = np.asarray([r.reward for r in rows], np.float32)
+        seq_v_traj = np.repeat(np.asarray(v_traj, np.int32), group_size)
+        return cls(tokens, positions, mask, behaviour, versions, rewards, seq_v_traj,
+                   np.int32(version), group_size=group_size)
 
 
 @flax.struct.dataclass
@@ -339,7 +362,7 @@ def _metrics(config, step, loss, grads, sums, weights, micro_mask, mask, batch) 
     out = {
         "loss": loss,
         "grad_norm": optax.tree.norm(grads),
-        "learning_rate": SCHEDULES.get(config.schedule)(config)(step),
+        "learning_rate": LR_SCHEDULES.get(config.lr_schedule)(config)(step),
         "clip_frac": sums["clipped"] / n_tok,
         "is_weight_p50": q50,
         "is_weight_p90": q90,

@@ -12,5 +12,5 @@ from experiments import grpo
 def get_config(arg=None):
     c = grpo.get_config(arg)
     c.staleness.eta = 0
-    c.schedule = "barrier"
+    c.coordinator.admission = "barrier"
     return c

@@ -1,4 +1,6 @@
-"""AReaL-style admission (token bucket): unconsumed work ≤ (η + 1)·B, no per-trajectory bound.
+"""AReaL-style admission (token bucket): accepted + running < (η + version + 1)·B, trained
+oldest-submitted first, weights updated on every instance after each step; no per-trajectory
+bound.
 
     python -m asyncrl.main --config=experiments/baselines/token_bucket.py --workdir=runs/bucket
 
@@ -11,6 +13,6 @@ from experiments import grpo
 
 def get_config(arg=None):
     c = grpo.get_config(arg)
-    c.schedule = "token_bucket"
+    c.coordinator.admission = "token_bucket"
     c.coordinator.migration = "none"
     return c

@@ -45,13 +45,42 @@ def test_group_occupies_only_when_every_member_is_rewarded():
     assert server.entries() == []
 
 
-def test_abort_returns_members_still_running():
+def test_abort_returns_members_still_held_with_their_instance():
     server = TrajectoryServer()
-    a, b = server.add_group(1, 1, [5], group_size=2, max_new_tokens=4, v_traj=0)
-    run_segment(server, a, [1], version=0)
-    assert server.abort(1) == [a]
+    a, b, c = server.add_group(1, 1, [5], group_size=3, max_new_tokens=4, v_traj=0)
+    run_segment(server, a, [1], version=0, instance=2)
+    server.route(b, 1)  # queued there, never started
+    assert server.held_by(2) == [a] and server.held_by(1) == [b]
+    assert server.abort(1) == [(a, 2), (b, 1)]  # c was never routed: nobody holds it
+    assert server.held_by(2) == server.held_by(1) == []
     with pytest.raises(IllegalTransition, match="entry 1: unknown"):
         server.members(1)
+
+
+def test_an_instance_reports_whole_trajectories_and_the_server_keeps_what_it_had():
+    server = TrajectoryServer()
+    (t,) = server.add_group(0, 0, [5], group_size=1, max_new_tokens=8, v_traj=0)
+    run_segment(server, t, [1, 2], version=0)
+    server.interrupt(t)
+    server.route(t, 1)
+    assert server.try_start(t, at_step=40)
+    # Resumed elsewhere: the instance reports every token, the old two included.
+    assert server.report(t, [1, 2, 3], [-0.5, -0.5, -0.1], [-0.4, -0.4, -0.2], [0, 0, 1], "stop")
+    record = server.record(t)
+    assert (record.tokens, record.versions, record.started_at_step) == ([1, 2, 3], [0, 0, 1], 40)
+    assert server.state(t) is S.GENERATED and server.held_by(1) == []
+    # A late report of a trajectory no longer running there (extracted, finished) is refused.
+    assert not server.report(t, [1, 2, 3, 4], [0.0] * 4, [0.0] * 4, [1] * 4, "stop")
+    assert server.progress(t) == (S.GENERATED, 1, 3, 40)
+
+
+def test_only_a_routed_trajectory_can_start():
+    server = TrajectoryServer()
+    (t,) = server.add_group(0, 0, [5], group_size=1, max_new_tokens=8, v_traj=0)
+    assert not server.try_start(t)  # pending: routed nowhere yet
+    server.route(t, 0)
+    server.interrupt(t)  # handed back from the queue before it started
+    assert not server.try_start(t)
 
 
 def test_illegal_use_is_refused():

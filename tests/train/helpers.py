@@ -1,10 +1,13 @@
-"""Shared test data: the tiny configs, a deterministic batch generator and a toy data source."""
+"""Shared test data: the tiny configs, a deterministic batch generator, a toy data source and
+the checkpointing part of the run loop."""
 
+import jax
 import numpy as np
 
 from asyncrl.model import ModelConfig
 from asyncrl.staleness import BufferStatus, StalenessManager
-from asyncrl.train.checkpoint import ResumeData
+from asyncrl.train.checkpoint import ResumeData, restore_or_init
+from asyncrl.train.metrics import LateMetrics
 from asyncrl.train.losses import LossConfig
 from asyncrl.train.trainer import TrainBatch, TrainConfig
 
@@ -13,7 +16,7 @@ MODEL = ModelConfig.tiny()
 # KL and entropy on, so the reference params, the ref forward and every metric are exercised.
 CONFIG = TrainConfig(
     loss=LossConfig(kl_coef=0.02, entropy_coef=0.001),
-    learning_rate=3e-3, warmup_steps=2, schedule="cosine", total_steps=20, num_microbatches=2,
+    learning_rate=3e-3, warmup_steps=2, lr_schedule="cosine", total_steps=20, num_microbatches=2,
 )
 
 
@@ -36,7 +39,7 @@ def make_batch(seed: int, version: int = 3, v_traj=None) -> TrainBatch:
 
 
 class ToySource:
-    """A deterministic stand-in for the consume side of the system (a `DataSource`).
+    """A deterministic stand-in for the consume side of the system.
 
     It drives a real StalenessManager (2 entries of G sequences per buffer, η = 1) and keeps
     one trajectory in flight across every step, so a checkpoint always has a partial one.
@@ -78,14 +81,37 @@ class ToySource:
         meta = [{"id": i, "v_traj": self.v_traj[i], "len": len(self.partial[i])} for i in ids]
         return ResumeData(
             data_state={"next_id": self.next_id, "v_traj": self.v_traj},
-            staleness=self.sm.state_dict(),
+            coordinator=self.sm.state_dict(),
             trajectories={"meta": meta},
             trajectory_arrays={"tokens": tokens},
         )
 
     def restore(self, resume: ResumeData) -> None:
-        self.sm = StalenessManager.from_state_dict(resume.staleness)
+        self.sm = StalenessManager.from_state_dict(resume.coordinator)
         self.next_id = resume.data_state["next_id"]
         self.v_traj = dict(resume.data_state["v_traj"])
         tokens = resume.trajectory_arrays["tokens"]
         self.partial = {m["id"]: tokens[row, : m["len"]].tolist() for row, m in enumerate(resume.trajectories["meta"])}
+
+
+def train_steps(trainer, source: ToySource, workdir, num_steps: int, checkpoint_every: int,
+                logged: list[int]):
+    """What `asyncrl.run.run` does around checkpoints: resume from workdir or start, step,
+    read metrics one step late (the logged steps go to `logged`), save every N steps."""
+    ckpt, state, resume, _ = restore_or_init(trainer, workdir)
+    if resume is not None:
+        source.restore(resume)
+    step, late = int(jax.device_get(state.step)), LateMetrics()
+    try:
+        while step < num_steps:
+            state, metrics = trainer.step(state, trainer.put_batch(source.next_batch(step)))
+            step += 1
+            if (done := late.push(step, metrics)) is not None:
+                logged.append(done[0])
+            if step % checkpoint_every == 0 or step == num_steps:
+                if (done := late.flush()) is not None:
+                    logged.append(done[0])
+                ckpt.save(state, source.resume_data())
+    finally:
+        ckpt.close()
+    return state

@@ -14,9 +14,8 @@ from asyncrl.staleness import StalenessManager
 from asyncrl.train.checkpoint import (
     Checkpointer, CheckpointError, ResumeData, export_policy, restore_or_init,
 )
-from asyncrl.train.loop import train
 from asyncrl.train.trainer import Trainer
-from tests.train.helpers import CONFIG, MODEL, G, ToySource, make_batch
+from tests.train.helpers import CONFIG, MODEL, G, ToySource, make_batch, train_steps
 
 K, M = 2, 2  # steps before and after the interruption
 
@@ -32,14 +31,12 @@ def runs(trainer, tmp_path_factory):
 
 
 def _runs(trainer, root, seen):
-    straight = train(trainer, ToySource(), root / "straight", K + M, checkpoint_every=100,
-                     on_metrics=lambda s, m: seen["straight"].append(s))
+    straight = train_steps(trainer, ToySource(), root / "straight", K + M, 100, seen["straight"])
     source = ToySource()
-    train(trainer, source, root / "split", K, checkpoint_every=K, on_metrics=lambda s, m: seen["first"].append(s))
+    train_steps(trainer, source, root / "split", K, K, seen["first"])
     saved = source.resume_data()  # what the source held when checkpoint K was taken
     resumed_source = ToySource()
-    resumed = train(trainer, resumed_source, root / "split", K + M, checkpoint_every=K,
-                    on_metrics=lambda s, m: seen["resumed"].append(s))
+    resumed = train_steps(trainer, resumed_source, root / "split", K + M, K, seen["resumed"])
     return dict(root=root, straight=straight, resumed=resumed, seen=seen, saved=saved,
                 resumed_source=resumed_source)
 
@@ -57,11 +54,11 @@ def test_staleness_and_trajectories_survive_entry_for_entry(trainer, runs):
     _, restored = ckpt.restore(K)
     ckpt.close()
     saved = runs["saved"]
-    assert saved.staleness["entries"] and saved.trajectories["meta"], "nothing to compare"
-    assert restored.staleness == saved.staleness
-    rebuilt = StalenessManager.from_state_dict(restored.staleness)
-    assert rebuilt.state_dict()["entries"] == saved.staleness["entries"]
-    assert rebuilt.version == K and rebuilt.in_flight() == StalenessManager.from_state_dict(saved.staleness).in_flight()
+    assert saved.coordinator["entries"] and saved.trajectories["meta"], "nothing to compare"
+    assert restored.coordinator == saved.coordinator
+    rebuilt = StalenessManager.from_state_dict(restored.coordinator)
+    assert rebuilt.state_dict()["entries"] == saved.coordinator["entries"]
+    assert rebuilt.version == K and rebuilt.in_flight() == StalenessManager.from_state_dict(saved.coordinator).in_flight()
     assert restored.trajectories == saved.trajectories and restored.data_state == saved.data_state
     assert restored.trajectory_arrays.keys() == saved.trajectory_arrays.keys()
     for name, array in saved.trajectory_arrays.items():

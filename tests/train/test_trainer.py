@@ -130,7 +130,7 @@ def test_non_finite_values_raise_naming_step_and_quantity(trainer, corrupt, quan
 
 def test_bad_configs_say_what_was_received():
     with pytest.raises(ValueError, match="unknown learning-rate schedule 'linear'; registered: constant, cosine"):
-        TrainConfig(schedule="linear")
+        TrainConfig(lr_schedule="linear")
     with pytest.raises(ValueError, match="num_microbatches"):
         TrainConfig(num_microbatches=0)
 

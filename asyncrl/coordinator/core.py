@@ -1,0 +1,399 @@
+"""The coordinator core: events in, commands out; no threads, no clock, no JAX.
+
+A driver feeds it what happened and applies what it returns:
+
+    commands = core.step(now, events)   # e.g. [Dispatch(0, 7, (28, 29), False), Sync(1)]
+
+The threaded driver (`asyncrl.drivers.threaded`) does this with real rollout instances, the
+simulator (`asyncrl.sim`) with modelled ones, so a simulated schedule is the system's
+schedule: one control flow, every decision taken here. Each step, in this order:
+
+  1. events: instance snapshots, finished / extracted trajectories, rewards, failures,
+     completed syncs and published weights;
+  2. aborts: entries the admission gave up (the abort rule, redundancy's surplus) are dropped
+     on the instances that hold them;
+  3. weight sync: the instances the admission says should pull (per instance for StaleFlow,
+     all at once for the barrier and the token bucket);
+  4. migration, every `migration_interval_s` of the `now` the driver passes: which
+     trajectories move from an overloaded instance to a starving one is chosen here;
+  5. dispatch: partial trajectories first (oldest V_traj first), then new entries, each
+     admitted at the version of the instance the router picks;
+  6. the next training batch, once the admission says it is ready.
+
+The TrajectoryServer is the one record of every trajectory: its tokens, state, entry, V_traj
+and the instance holding it. Commands carry ids; the driver reads the server for the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from typing import Iterable, Iterator, Protocol
+
+import numpy as np
+
+from asyncrl.coordinator.admission import Admission
+from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
+                                          Extracted, Failed, Finished, InstanceState, Prompt,
+                                          Published, Score, Scored, Sync, Synced)
+from asyncrl.coordinator.migration import Candidate, MigrationPolicy, NoMigration, pick_trajectories
+from asyncrl.coordinator.redundancy import Redundancy
+from asyncrl.coordinator.routing import PendingQueue, Request, Router, eligible_new, eligible_resume
+from asyncrl.coordinator.view import ClusterView
+from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
+from asyncrl.staleness import StalenessError, TrajectoryState
+
+_S = TrajectoryState
+
+
+class PromptSource(Protocol):
+    def __next__(self) -> Prompt: ...  # the next fresh prompt; StopIteration when exhausted
+    def get(self, prompt_id: int) -> Prompt: ...  # a prompt again, by id (retries, resumes)
+
+
+@dataclasses.dataclass
+class Counters:
+    dispatched: int = 0
+    migrated: int = 0
+    aborted_entries: int = 0
+    reward_failures: int = 0
+    filtered_groups: int = 0
+    rerouted_after_failure: int = 0
+    failed_instances: int = 0
+
+
+@dataclasses.dataclass
+class Batch:
+    """A consumed training batch: its entries, each one's V_traj and its group's records."""
+
+    version: int
+    entries: list[int]
+    v_traj: list[int]
+    groups: list[list[TrajectoryRecord]]
+
+    @property
+    def staleness(self) -> list[int]:
+        return [self.version - v for v in self.v_traj]
+
+
+class AllInstancesFailed(RuntimeError):
+    """No rollout instance is left to run anything."""
+
+
+class Core:
+    def __init__(self, *, admission: Admission, server: TrajectoryServer, prompts: PromptSource,
+                 num_instances: int, num_slots: int, eta: int, group_size: int,
+                 max_new_tokens: int, router: Router, redundancy: Redundancy = Redundancy(),
+                 migration: MigrationPolicy = NoMigration(), migration_interval_s: float = 0.0,
+                 partial_rollout: bool = True, dynamic_sampling: bool = False):
+        self.admission, self.server, self.prompts = admission, server, prompts
+        self.eta, self.group_size, self.max_new_tokens = eta, group_size, max_new_tokens
+        self.router, self.redundancy, self.migration = router, redundancy, migration
+        self.migration_interval_s = migration_interval_s
+        self.partial_rollout, self.dynamic_sampling = partial_rollout, dynamic_sampling
+        self.cluster = ClusterView.empty(num_instances, num_slots)
+        self.decode_steps = np.zeros(num_instances, np.int64)
+        self.dead: set[int] = set()
+        self.latest_version = 0  # newest published weights (version 0: the initial policy)
+        self.version = 0  # the next batch the trainer takes
+        self.next_entry_id = 0
+        self.counters = Counters()
+        self.aborted_ids: list[int] = []  # every entry given up, for the run's accounting
+        self._retry: collections.deque[int] = collections.deque()  # prompt ids to re-dispatch
+        self._peeked: Prompt | None = None  # a fresh prompt drawn for routing, not yet used
+        self._resume = PendingQueue()  # trajectory ids waiting for an instance, by V_traj
+        self._moving: dict[int, int] = {}  # extracted for migration -> the instance to take it
+        self._dirty: set[int] = set()  # instances whose state changed since the last step
+        self._announced = -1  # the last batch a BatchReady went out for
+        self._last_migration = float("-inf")
+        self._out: list[Command] = []
+        admission.attach(self)
+
+    # ---------------------------------------------------------------- the step
+
+    def step(self, now: float, events: Iterable[Event] = ()) -> list[Command]:
+        for event in events:
+            self._handle(event)
+        for entry in self.admission.take_aborted():
+            if self.server.has_entry(entry):
+                self._forget_entry(entry)
+        for i in self.admission.syncs(sorted(self._dirty - self.dead)):
+            self._out.append(Sync(i))
+            self.cluster.syncing[i] = True
+        self._dirty.clear()
+        if self.migration.moves_work and now - self._last_migration >= self.migration_interval_s:
+            self._last_migration = now
+            self._migrate()
+        if self.admission.may_dispatch():
+            self._dispatch_resumes()
+            self._dispatch_new()
+        if self._announced < self.version and self.admission.ready(self.version):
+            self._announced = self.version
+            self._out.append(BatchReady(self.version))
+        out, self._out = self._out, []
+        return out
+
+    def batch_ready(self, version: int) -> bool:
+        return version == self.version and self.admission.ready(version)
+
+    def take_batch(self, version: int) -> Batch:
+        """The trainer's batch `version` (entries sorted, so it does not depend on timing)."""
+        if not self.batch_ready(version):
+            raise StalenessError(f"batch {version} is not ready: {self.describe_wait(version)}")
+        entries = sorted(self.admission.consume(version))
+        v_traj = [self.server.v_traj(e) for e in entries]
+        if self.admission.bounded:  # the invariant, checked on every consume
+            for entry, v in zip(entries, v_traj):
+                if not v <= version <= v + self.eta:
+                    raise StalenessError(f"entry {entry}: V_traj {v} consumed at version "
+                                         f"{version} breaks the bound η = {self.eta}")
+        groups = [self.server.consume(e) for e in entries]
+        self.version = version + 1
+        return Batch(version, entries, v_traj, groups)
+
+    def describe_wait(self, version: int) -> str:
+        alive = len(self.cluster) - len(self.dead)
+        return (f"{self.admission.describe(version)}; {alive} of {len(self.cluster)} instances "
+                f"alive, {int(self.cluster.load.sum())} trajectories on them, "
+                f"{len(self._resume)} waiting to resume")
+
+    def alive_instances(self) -> list[int]:
+        return [i for i in range(len(self.cluster)) if i not in self.dead]
+
+    # ---------------------------------------------------------------- events
+
+    def _handle(self, event: Event) -> None:
+        cluster = self.cluster
+        if isinstance(event, InstanceState):
+            i = event.instance
+            if i in self.dead:
+                return
+            # An instance's version never falls: a snapshot older than a Synced event is stale.
+            cluster.version[i] = max(event.version, int(cluster.version[i]))
+            cluster.running[i] = event.running
+            cluster.queued[i], cluster.kv_tokens[i] = event.queued, event.kv_tokens
+            cluster.num_slots[i], cluster.syncing[i] = event.num_slots, event.syncing
+            self.decode_steps[i] = event.decode_steps
+            self._dirty.add(i)
+        elif isinstance(event, Finished):
+            for t in event.trajectory_ids:
+                if self.server.has(t) and self.server.state(t) is _S.GENERATED:
+                    self._out.append(Score(t))
+        elif isinstance(event, Scored):
+            self._scored(event)
+        elif isinstance(event, Extracted):
+            for t in event.trajectory_ids:
+                dst = self._moving.pop(t, None)
+                if not self.server.has(t):
+                    continue  # aborted meanwhile
+                if (self.server.state(t) is _S.ROUTED
+                        and self.server.instance_of(t) == event.instance):
+                    self.server.interrupt(t)  # handed back from the queue, never started
+                if self.server.state(t) is _S.INTERRUPTED:
+                    self._queue_resume(t, prefer=dst)
+                    self.counters.migrated += dst is not None
+        elif isinstance(event, Failed):
+            self._instance_failed(event.instance, event.error)
+        elif isinstance(event, Synced):
+            if event.instance not in self.dead:
+                cluster.version[event.instance] = max(cluster.version[event.instance], event.version)
+                cluster.syncing[event.instance] = False
+                self._dirty.add(event.instance)
+            self.admission.on_synced(event.instance, event.version)
+        elif isinstance(event, Published):
+            self.latest_version = max(self.latest_version, event.version)
+            self._dirty.update(self.alive_instances())
+            self.admission.on_published(event.version)
+        else:
+            raise TypeError(f"not a coordinator event: {event!r}")
+
+    def _scored(self, event: Scored) -> None:
+        t = event.trajectory_id
+        if not self.server.has(t):
+            return  # its group was aborted while it was being scored
+        entry = self.server.entry_of(t)
+        if event.reward is None:
+            self.counters.reward_failures += 1
+            self._retry.append(self.server.prompt_id(entry))
+            self.abort_entry(entry)
+            return
+        self.server.set_reward(t, event.reward)
+        self._group_progress(entry)
+
+    def _group_progress(self, entry: int) -> None:
+        """Once N responses are scored the group waits for training (or is filtered out)."""
+        members = self.server.members(entry)
+        scored = [t for t in members if self.server.state(t) is _S.REWARDED]
+        if not self.redundancy.group_complete(len(scored), self.group_size):
+            return
+        kept = scored[:self.group_size]
+        surplus = [t for t in members if t not in kept]
+        if surplus:  # group redundancy: the slowest responses are dropped
+            self._drop(self.server.drop_members(entry, surplus))
+        rewards = {self.server.reward(t) for t in kept}
+        if self.dynamic_sampling and len(rewards) == 1:
+            self.counters.filtered_groups += 1
+            self.abort_entry(entry)  # no GRPO signal; a fresh prompt takes its place
+            return
+        self.server.occupy(entry)
+        self.admission.on_scored(entry)
+
+    def _instance_failed(self, instance: int, error: str) -> None:
+        if instance in self.dead:
+            return
+        self.dead.add(instance)
+        self.counters.failed_instances += 1
+        if len(self.dead) == len(self.cluster):
+            raise AllInstancesFailed(f"every rollout instance has failed; the last: {error}")
+        # A failed instance is never eligible: it looks permanently full.
+        self.cluster.queued[instance] = self.cluster.num_slots[instance]
+        self.cluster.running[instance] = 0
+        for t in self.server.held_by(instance):
+            self.server.interrupt(t)
+            self._queue_resume(t)
+            self.counters.rerouted_after_failure += 1
+
+    # ---------------------------------------------------------------- aborts and extraction
+
+    def abort_entry(self, entry: int) -> None:
+        """Gives an entry up: the admission frees its place, the instances drop its work."""
+        self.admission.on_aborted(entry)
+        self._forget_entry(entry)
+
+    def _forget_entry(self, entry: int) -> None:
+        self.counters.aborted_entries += 1
+        self.aborted_ids.append(entry)
+        members = set(self.server.members(entry))
+        self._resume.remove_if(lambda item: item[0] in members)
+        self._drop(self.server.abort(entry))
+
+    def _drop(self, held: list[tuple[int, int]]) -> None:
+        for instance, ids in _by_instance(held):
+            if instance not in self.dead:
+                self._out.append(Drop(instance, ids))
+
+    def extract_entry(self, entry: int) -> None:
+        """Asks the instances holding the entry's unfinished trajectories to hand them back."""
+        held = [(t, self.server.instance_of(t)) for t in self.server.members(entry)
+                if self.server.state(t) in (_S.ROUTED, _S.RUNNING)]
+        for instance, ids in _by_instance(held):
+            if instance not in self.dead:
+                self._out.append(Extract(instance, ids))
+
+    # ---------------------------------------------------------------- migration
+
+    def _migrate(self) -> None:
+        cluster = self.cluster
+        admits = {v: self.admission.version_admits_new(v) for v in np.unique(cluster.version).tolist()}
+        can_new = np.array([admits[v] for v in cluster.version.tolist()], dtype=bool)
+        for move in self.migration.plan(cluster, can_new):
+            if move.src in self.dead or move.dst in self.dead:
+                continue
+            candidates = []
+            for t in self.server.held_by(move.src):
+                state, prompt, tokens, started = self.server.progress(t)
+                if state is _S.RUNNING:
+                    if not self.partial_rollout:
+                        continue  # resumed on other weights it would mix versions
+                    tokens += int(self.decode_steps[move.src]) - started
+                candidates.append(Candidate(t, prompt + tokens, state is _S.ROUTED))
+            picked = tuple(c.traj_id for c in pick_trajectories(candidates, move.count))
+            if picked:
+                self._moving.update((t, move.dst) for t in picked)
+                self._out.append(Extract(move.src, picked))
+
+    # ---------------------------------------------------------------- dispatch
+
+    def _queue_resume(self, t: int, prefer: int | None = None) -> None:
+        self._resume.push((t, prefer), self.server.v_traj(self.server.entry_of(t)))
+
+    def _dispatch_resumes(self) -> None:
+        cluster, waiting = self.cluster, []
+        while len(self._resume):
+            v_traj = self._resume.peek_v_traj()
+            t, prefer = self._resume.pop()
+            eligible = eligible_resume(cluster, v_traj)
+            if prefer is not None and eligible[prefer]:
+                target = prefer
+            else:
+                _, prompt, tokens, _ = self.server.progress(t)
+                target = self.router.choose(cluster, eligible, Request(1, prompt + tokens, v_traj))
+            if target is None:
+                waiting.append((t, v_traj))
+                continue
+            self.server.route(t, target)
+            self._out.append(Dispatch(target, self.server.entry_of(t), (t,), resume=True))
+            cluster.queued[target] += 1
+        for t, v_traj in waiting:
+            self._resume.push((t, None), v_traj)
+
+    def _next_prompt(self) -> Prompt | None:
+        if self._retry:
+            return self.prompts.get(self._retry[0])
+        if self._peeked is None:
+            self._peeked = next(self.prompts, None)
+        return self._peeked
+
+    def _dispatch_new(self) -> None:
+        cluster = self.cluster
+        launch = self.redundancy.responses_to_launch(self.group_size)
+        while self.admission.admits_new():
+            prompt = self._next_prompt()
+            if prompt is None:
+                return
+            eligible = eligible_new(cluster, self.admission.version_admits_new)
+            target = self.router.choose(cluster, eligible, Request(launch, len(prompt.tokens)))
+            if target is None:
+                return
+            if self._retry:
+                self._retry.popleft()
+            else:
+                self._peeked = None
+            entry, version = self.next_entry_id, int(cluster.version[target])
+            self.next_entry_id += 1
+            self.admission.on_dispatched(entry, version)
+            ids = self.server.add_group(entry, prompt.prompt_id, prompt.tokens, launch,
+                                        self.max_new_tokens, v_traj=version)
+            for t in ids:
+                self.server.route(t, target)
+            self.counters.dispatched += 1
+            self._out.append(Dispatch(target, entry, tuple(ids), resume=False))
+            cluster.queued[target] += launch
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict:
+        """Plain JSON: with the server's and the admission's state, all a resume needs."""
+        return {"next_entry_id": self.next_entry_id, "version": self.version,
+                "retry": list(self._retry), "aborted": list(self.aborted_ids),
+                "counters": dataclasses.asdict(self.counters),
+                "admission": self.admission.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Takes over a checkpoint's state (the server restored first) and re-queues its work:
+        partial and never-started trajectories resume from their saved tokens, generated
+        ones are scored again, fully scored groups wait for training."""
+        self.next_entry_id, self.version = state["next_entry_id"], state["version"]
+        self.latest_version = max(self.latest_version, self.version)
+        self._retry = collections.deque(state["retry"])
+        self.aborted_ids = list(state["aborted"])
+        self.counters = Counters(**state["counters"])
+        self.admission.load_state_dict(state["admission"])
+        for entry in self.server.entries():
+            for t in self.server.members(entry):
+                s = self.server.state(t)
+                if s in (_S.PENDING, _S.INTERRUPTED):
+                    self._queue_resume(t)
+                elif s is _S.GENERATED:
+                    self._out.append(Score(t))
+            if self.server.group_rewarded(entry):
+                self._group_progress(entry)
+
+
+def _by_instance(held: Iterable[tuple[int, int]]) -> Iterator[tuple[int, tuple[int, ...]]]:
+    """(trajectory, instance) pairs grouped as (instance, trajectory ids), both sorted."""
+    by: dict[int, list[int]] = {}
+    for t, instance in held:
+        by.setdefault(instance, []).append(t)
+    for instance in sorted(by):
+        yield instance, tuple(sorted(by[instance]))

@@ -1,0 +1,129 @@
+"""What crosses between the coordinator core and a driver: events in, commands out.
+
+Plain frozen records of ids and numbers. Tokens, log-probs and rewards' text never travel
+here: they live in the TrajectoryServer, which instances write to and the trainer reads from.
+
+Events (what happened; a driver feeds them to `Core.step(now, events)`):
+  InstanceState  an instance's snapshot: version, slots in use, queue, KV cache, decode steps
+  Finished       an instance finished generating these trajectories (already in the server)
+  Scored         a reward for one trajectory (or the reason it could not be scored)
+  Extracted      an instance handed these trajectories back, partial (migration, recycling)
+  Failed         an instance died; what it held must be re-routed
+  Synced         an instance now generates with weights `version`
+  Published      the trainer published weights `version`
+
+Commands (what to do; the driver applies them in order):
+  Dispatch    start a new group, or resume one partial trajectory, on an instance
+  Sync        the instance pulls the newest weights
+  Extract     the instance hands these trajectories back
+  Drop        the instance forgets these trajectories (their entry was aborted)
+  Score       send this generated trajectory to the reward function
+  BatchReady  the trainer's batch `version` can be taken (`Core.take_batch`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+# ---------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class InstanceState:
+    instance: int
+    version: int  # the weights new work is generated with (the one being pulled, while syncing)
+    running: int  # trajectories in decode slots
+    queued: int  # trajectories routed here, waiting for a slot
+    kv_tokens: int  # tokens held in the KV cache by running trajectories
+    num_slots: int
+    syncing: bool  # a pull is pending or in progress
+    decode_steps: int = 0  # decode steps run so far: how far running trajectories got
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Finished:
+    instance: int
+    trajectory_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Scored:
+    trajectory_id: int
+    reward: float | None  # None: the reward could not be computed
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Extracted:
+    instance: int
+    trajectory_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Failed:
+    instance: int
+    error: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Synced:
+    instance: int
+    version: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Published:
+    version: int
+
+
+Event = InstanceState | Finished | Scored | Extracted | Failed | Synced | Published
+
+
+# ---------------------------------------------------------------------------- commands
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Dispatch:
+    instance: int
+    entry: int
+    trajectory_ids: tuple[int, ...]  # a new group's members, or the one trajectory resumed
+    resume: bool  # True: continue from the tokens the server holds (re-prefill them)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Sync:
+    instance: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Extract:
+    instance: int
+    trajectory_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Drop:
+    instance: int
+    trajectory_ids: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Score:
+    trajectory_id: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BatchReady:
+    version: int
+
+
+Command = Dispatch | Sync | Extract | Drop | Score | BatchReady
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Prompt:
+    """A prompt the core may dispatch: its id in the task, and its tokens."""
+
+    prompt_id: int
+    tokens: tuple[int, ...]

@@ -1,0 +1,1 @@
+"""Drivers of the coordinator core: they apply its commands to real (threaded) instances."""

@@ -1,0 +1,189 @@
+"""One post-training run: `run(config, workdir)`, what `python -m asyncrl.main` calls.
+
+The trainer runs on the calling thread; the coordinator and each rollout instance on their
+own threads (`asyncrl.drivers`); rewards in worker processes. Read top to bottom: build,
+restore, start the rollouts, then per step wait for a batch, train, publish the weights,
+evaluate, log and checkpoint; finish with the final evaluation and the results file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import pathlib
+import threading
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from asyncrl import config as config_lib
+from asyncrl.coordinator.core import Batch
+from asyncrl.data.sources import build_task_data
+from asyncrl.drivers.local import LocalRollouts
+from asyncrl.drivers.threaded import StopRequested
+from asyncrl.evaluation import Evaluator
+from asyncrl.metrics import MetricsWriter
+from asyncrl.model import graphdef_for
+from asyncrl.placement import place
+from asyncrl.policy import encode, load_policy
+from asyncrl.progress import Progress
+from asyncrl.timing import Chrono
+from asyncrl.train.checkpoint import restore_or_init
+from asyncrl.train.losses import LossConfig
+from asyncrl.train.metrics import LateMetrics
+from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+
+def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
+        on_built: Callable[[LocalRollouts], None] | None = None) -> dict[str, Any]:
+    """Post-trains the policy asynchronously; returns (and writes) the before/after figures.
+
+    `stop`, once set (main sets it on SIGINT/SIGTERM), ends the run after the step in flight
+    with a checkpoint; the same call resumes it. `on_built` sees the rollouts before they
+    start (tests inject faults there).
+    """
+    stop = stop or threading.Event()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    # ---------------------------------------------------------------- build
+    config_lib.validate(c, jax.device_count())
+    policy = load_policy(c.model)
+    trainer_mesh, rollout_meshes = place(c.mesh)
+    trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
+    data = build_task_data(c.task, c.eval.heldout_size, workdir)
+    rollouts = LocalRollouts(c, policy, rollout_meshes, data)
+    evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
+                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode)
+    if on_built is not None:
+        on_built(rollouts)
+
+    # ---------------------------------------------------------------- restore
+    # 1. the latest checkpoint in workdir  2. scratch: the configured policy's weights.
+    ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
+                                                  initial_params=policy.params)
+    log.info("train: %s", source)
+    if resume is not None:
+        rollouts.restore(resume)
+    step = int(jax.device_get(state.step))  # from here on the step lives on the host
+    results_path = workdir / "results.json"
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    if "before" not in results:
+        results["before"] = dataclasses.asdict(evaluate(state.params, step, "before"))
+        results_path.write_text(json.dumps(results, indent=2))
+
+    # ---------------------------------------------------------------- start rollouts
+    chrono, late, progress = Chrono(), LateMetrics(), Progress(c.train.steps)
+    batch_figures: dict[int, dict[str, Any]] = {}  # step -> its batch's figures, until logged
+    evals: dict[int, dict[str, float]] = {}  # step -> figures of the evaluation after it
+    rollout_tokens = 0
+    checkpoint_every = c.checkpoint.every_steps or c.train.steps
+    writer = MetricsWriter(workdir)
+    progress.start(step)
+    rollouts.start(state.params, step)
+
+    def log_step(done: tuple[int, dict[str, float]] | None) -> None:
+        nonlocal rollout_tokens
+        if done is None:
+            return
+        logged, metrics = done
+        figures = batch_figures.pop(logged)
+        rollout_tokens += figures["rollout_tokens"]
+        scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
+                   **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
+                   **rollouts.figures(), **chrono.figures(), **evals.pop(logged, {})}
+        writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
+                     {k: figures[k] for k in ("entries", "batch_digest")})
+        progress.update(logged, scalars)
+
+    # ---------------------------------------------------------------- train loop
+    try:
+        while step < c.train.steps:
+            chrono.phase("wait")
+            try:
+                batch = rollouts.wait_batch(step, c.train.batch_timeout_s, stop.is_set)
+            except StopRequested:
+                log.warning("train: stopping at step %d (interrupted while waiting for a batch)", step)
+                break
+            chrono.phase("step")
+            train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step,
+                                                 rollouts.max_len, c.rollout.group_size)
+            state, metrics = trainer.step(state, trainer.put_batch(train_batch))
+            step += 1
+            batch_figures[step] = describe_batch(batch, train_batch)
+            rollouts.publish(step, state.params)
+            if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
+                chrono.phase("eval")
+                result = evaluate(state.params, step, f"step {step}")
+                evals[step] = result.as_dict("eval")
+                results.setdefault("evals", []).append(
+                    {"step": step, "wall_s": chrono.wall_s(), **dataclasses.asdict(result)})
+            log_step(late.push(step, metrics))
+            if stop.is_set() or step % checkpoint_every == 0 or step == c.train.steps:
+                chrono.phase("checkpoint")
+                log_step(late.flush())  # a NaN step must not become a checkpoint
+                ckpt.save(state, rollouts.resume_data())
+            if stop.is_set():
+                log.warning("train: stopped at step %d on request; checkpoint saved", step)
+                break
+        log_step(late.flush())
+        if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
+            ckpt.save(state, rollouts.resume_data())
+    finally:
+        chrono.phase(None)
+        rollouts.stop()
+        ckpt.close()
+        progress.close()
+        writer.close()
+
+    # ---------------------------------------------------------------- finish
+    results["protocol"] = rollouts.accounting()
+    results_path.write_text(json.dumps(results, indent=2))
+    if step < c.train.steps:
+        log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
+        return results
+    results["after"] = dataclasses.asdict(evaluate(state.params, step, "after"))
+    results["steps"] = step
+    results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
+    results["wall_s"] = results.get("wall_s", 0.0) + chrono.wall_s()
+    results_path.write_text(json.dumps(results, indent=2))
+    print(f"held-out accuracy: {results['before']['accuracy']:.3f} -> {results['after']['accuracy']:.3f} "
+          f"({c.eval.heldout_size} problems); results in {results_path}")
+    return results
+
+
+def train_config(c) -> TrainConfig:
+    loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
+                      tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
+                      entropy_coef=c.train.entropy_coef, aggregation=c.train.aggregation)
+    return TrainConfig(loss=loss, learning_rate=c.train.learning_rate,
+                       lr_schedule=c.train.lr_schedule, warmup_steps=c.train.warmup_steps,
+                       total_steps=c.train.steps, weight_decay=c.train.weight_decay,
+                       max_grad_norm=c.train.max_grad_norm,
+                       num_microbatches=c.train.num_microbatches, remat=c.train.remat,
+                       seed=c.seed)
+
+
+def describe_batch(batch: Batch, train_batch: TrainBatch) -> dict[str, Any]:
+    """The figures of one consumed batch: staleness, rewards, lengths, partial work."""
+    records = [r for g in batch.groups for r in g]
+    lengths = [len(r.tokens) for r in records]
+    return {
+        "entries": batch.entries, "staleness": batch.staleness,
+        # Identifies the batch's exact tokens: runs that must match can be compared.
+        "batch_digest": hashlib.sha256(train_batch.tokens.tobytes()).hexdigest()[:16],
+        # Generated by more than one weight version: weights changed mid-trajectory.
+        "partial_rollouts": sum(len(set(r.versions)) > 1 for r in records),
+        "rollout_tokens": sum(lengths),
+        "reward_mean": float(np.mean([r.reward for r in records])),
+        "response_length": float(np.mean(lengths)),
+        "response_lengths": lengths,
+        "prompt_length": float(np.mean([len(r.prompt) for r in records])),
+        "interrupted": sum(r.interruptions for r in records),
+        "migrated_in_batch": sum(r.migrations for r in records),
+    }

@@ -1,0 +1,213 @@
+"""The coordinator core against scripted events: no threads, no engine, no clock.
+
+Each test plays the part of a driver: it feeds events, applies nothing, and reads the
+commands the core returns, with a TrajectoryServer standing where instances write tokens.
+"""
+
+import pytest
+
+from asyncrl.coordinator import build_migration_policy, build_redundancy, build_router, build_sync_policy
+from asyncrl.coordinator.admission import build_admission
+from asyncrl.coordinator.core import AllInstancesFailed, Core
+from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted, Failed,
+                                          Finished, InstanceState, Prompt, Published, Score,
+                                          Scored, Sync, Synced)
+from asyncrl.servers.trajectory import TrajectoryServer
+from asyncrl.staleness import StalenessError, TrajectoryState as S
+
+GROUP, SLOTS = 2, 8
+
+
+class Prompts:
+    def __init__(self):
+        self.next_id = 0
+
+    def __next__(self):
+        prompt = self.get(self.next_id)
+        self.next_id += 1
+        return prompt
+
+    def get(self, prompt_id):
+        return Prompt(prompt_id, (1, 2, 3))
+
+
+def make_core(admission="staleflow", *, instances=2, eta=1, batch=2, router="round_robin",
+              migration="none", sync="greedy", **params):
+    server = TrajectoryServer()
+    core = Core(admission=build_admission(admission, eta=eta, batch_size=batch,
+                                          redundant_batch_size=batch,
+                                          sync=build_sync_policy(sync), **params),
+                server=server, prompts=Prompts(), num_instances=instances, num_slots=SLOTS,
+                eta=eta, group_size=GROUP, max_new_tokens=4, router=build_router(router, None),
+                redundancy=build_redundancy("none"), migration=build_migration_policy(migration))
+    return core, server
+
+
+def state(i, version=0, running=0, queued=0, syncing=False, steps=0):
+    return InstanceState(i, version, running, queued, 10 * running, SLOTS, syncing, steps)
+
+
+def of(kind, commands):
+    return [c for c in commands if isinstance(c, kind)]
+
+
+def generate(server, t, instance, tokens=2, version=0, finish="stop"):
+    """What an instance does with a dispatched trajectory: start it and report it."""
+    assert server.try_start(t, at_step=0)
+    n = len(server.record(t).tokens) + tokens
+    assert server.report(t, list(range(n)), [-0.5] * n, [-0.5] * n, [version] * n, finish)
+
+
+def finish_group(core, server, dispatch, reward=1.0, now=0.0):
+    """Generates and scores every trajectory of a dispatched group; returns the commands."""
+    for t in dispatch.trajectory_ids:
+        generate(server, t, dispatch.instance)
+    out = core.step(now, [Finished(dispatch.instance, dispatch.trajectory_ids)])
+    assert [c.trajectory_id for c in of(Score, out)] == list(dispatch.trajectory_ids)
+    return core.step(now, [Scored(t, reward) for t in dispatch.trajectory_ids])
+
+
+def test_staleflow_dispatches_up_to_the_window_and_announces_a_ready_buffer():
+    core, server = make_core(eta=1, batch=2)
+    out = core.step(0.0, [state(0), state(1)])
+    groups = of(Dispatch, out)
+    # η = 1, B = 2: buffers 0 and 1 take 4 entries at version 0, alternating instances.
+    assert [(d.instance, d.entry, d.resume) for d in groups] == [
+        (0, 0, False), (1, 1, False), (0, 2, False), (1, 3, False)]
+    assert all(len(d.trajectory_ids) == GROUP for d in groups)
+    assert core.step(0.0, [state(0, queued=4), state(1, queued=4)]) == []  # nothing may land
+    # Reserved worst case: entries 0, 1 in buffer 1 (the highest their η allows), 2, 3 in
+    # buffer 0. Finished first, 0 and 1 still cannot land lower: buffer 0 has no free slot.
+    assert BatchReady(0) not in finish_group(core, server, groups[0])
+    finish_group(core, server, groups[1])
+    finish_group(core, server, groups[2])
+    out = finish_group(core, server, groups[3])
+    assert BatchReady(0) in out
+    batch = core.take_batch(0)
+    assert batch.entries == [2, 3] and batch.staleness == [0, 0]
+    assert [len(g) for g in batch.groups] == [GROUP, GROUP]
+    assert core.take_batch(1).staleness == [1, 1]  # 0 and 1 waited in buffer 1
+    with pytest.raises(StalenessError, match="batch 2 is not ready: buffer 2 is PENDING"):
+        core.take_batch(2)
+
+
+def test_a_failed_instance_has_its_work_resumed_elsewhere_and_counts_once():
+    core, server = make_core(eta=1, batch=2)
+    groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    on_one = [t for d in groups if d.instance == 1 for t in d.trajectory_ids]
+    running = on_one[0]
+    generate(server, running, 1, finish=None)  # part-way when the instance died: interrupted
+    server.route(running, 1)  # ...and re-routed there, then it fails before starting it
+    out = core.step(0.0, [Failed(1, "device fault"), state(0, queued=4)])
+    resumed = of(Dispatch, out)
+    assert sorted(t for d in resumed for t in d.trajectory_ids) == sorted(on_one)
+    assert all(d.instance == 0 and d.resume for d in resumed)
+    assert core.counters.failed_instances == 1 and core.counters.rerouted_after_failure == 4
+    assert server.record(running).tokens == [0, 1]  # its partial tokens are kept
+    core.step(0.0, [Failed(1, "the late event of the same failure")])
+    assert core.counters.failed_instances == 1
+    with pytest.raises(AllInstancesFailed, match="every rollout instance has failed"):
+        core.step(0.0, [Failed(0, "the last one")])
+
+
+def test_migration_moves_queued_work_first_then_the_fewest_tokens_to_the_starving_instance():
+    core, server = make_core(eta=0, batch=2, migration="balance")
+    groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    assert [d.instance for d in groups] == [0, 1]  # η = 0: one buffer of 2, no more entries
+    queued_member, started = groups[0].trajectory_ids[1], groups[0].trajectory_ids[0]
+    assert server.try_start(started, at_step=2)
+    # Instance 0 is overloaded (its snapshot: 1 running, 15 queued), instance 1 starves and
+    # may take no new entry: balance moves half the gap, the cheapest first.
+    out = core.step(1.0, [state(0, running=1, queued=15, steps=5), state(1)])
+    (extract,) = of(Extract, out)
+    assert extract.instance == 0 and extract.trajectory_ids == (queued_member, started)
+    # The instance hands them back: the running one with its 3 tokens, the queued one as is.
+    assert server.report(started, [7, 8, 9], [-0.5] * 3, [-0.5] * 3, [0] * 3, None)
+    out = core.step(1.5, [Extracted(0, extract.trajectory_ids), state(0), state(1)])
+    assert {(d.instance, d.trajectory_ids, d.resume) for d in of(Dispatch, out)} == {
+        (1, (started,), True), (1, (queued_member,), True)}
+    assert core.counters.migrated == 2 and server.record(started).migrations == 1
+    assert server.record(started).tokens == [7, 8, 9]
+
+
+def test_a_failed_reward_aborts_the_group_where_it_runs_and_retries_the_prompt():
+    core, server = make_core(eta=1, batch=2)
+    groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    first = groups[0]
+    generate(server, first.trajectory_ids[0], 0)
+    server.try_start(first.trajectory_ids[1], at_step=0)  # the other member still runs
+    core.step(0.0, [Finished(0, first.trajectory_ids[:1])])
+    out = core.step(0.0, [Scored(first.trajectory_ids[0], None, "timeout"), state(0), state(1)])
+    assert Drop(0, first.trajectory_ids[1:]) in out  # only where it runs, only what is live
+    retried = of(Dispatch, out)
+    assert len(retried) == 1 and server.prompt_id(retried[0].entry) == 0  # the same prompt
+    assert core.counters.reward_failures == 1 and core.aborted_ids == [0]
+
+
+def test_entries_the_protocol_aborts_are_dropped_on_the_instance_holding_them():
+    # Batch redundancy (B' = 2 slots, B = 1): once one entry lands, the other is surplus.
+    server = TrajectoryServer()
+    core = Core(admission=build_admission("staleflow", eta=0, batch_size=1, redundant_batch_size=2,
+                                          sync=build_sync_policy("greedy")),
+                server=server, prompts=Prompts(), num_instances=2, num_slots=SLOTS, eta=0,
+                group_size=GROUP, max_new_tokens=4, router=build_router("round_robin", None))
+    first, second = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    assert (first.instance, second.instance) == (0, 1)
+    server.try_start(second.trajectory_ids[0], at_step=0)
+    out = finish_group(core, server, first)
+    assert BatchReady(0) in out and Drop(1, second.trajectory_ids) in out
+    assert core.aborted_ids == [second.entry] and not server.has_entry(second.entry)
+
+
+def test_barrier_at_eta_zero_trains_each_batch_with_the_weights_it_was_generated_with():
+    core, server = make_core("barrier", eta=0, batch=2)
+    out = core.step(0.0, [state(0), state(1)])
+    batch0 = of(Dispatch, out)
+    assert len(batch0) == 2  # exactly B: no more until the batch is trained and loaded
+    for d in batch0:
+        out = finish_group(core, server, d)
+    assert BatchReady(0) in out and core.take_batch(0).staleness == [0, 0]
+    assert of(Dispatch, core.step(0.0, [state(0), state(1)])) == []  # waits for weights 1
+    out = core.step(0.0, [Published(1)])
+    assert of(Sync, out) == [Sync(0), Sync(1)]  # every instance at once
+    assert of(Dispatch, core.step(0.0, [Synced(0, 1), state(0, version=1)])) == []
+    out = core.step(0.0, [Synced(1, 1), state(1, version=1)])
+    assert [core.server.v_traj(d.entry) for d in of(Dispatch, out)] == [1, 1]
+
+
+def test_token_bucket_trains_the_earliest_submitted_and_waits_for_the_update():
+    core, server = make_core("token_bucket", eta=1, batch=2, instances=1)
+    out = core.step(0.0, [state(0)])
+    groups = of(Dispatch, out)
+    assert len(groups) == 4  # (η + version + 1)·B = 4 admitted
+    for d in reversed(groups[1:]):  # finished in reverse submission order
+        finish_group(core, server, d)
+    assert core.take_batch(0).entries == [1, 2]  # the earliest submitted among the finished
+    finish_group(core, server, groups[0])
+    core.step(0.0, [state(0)])
+    assert not core.batch_ready(1)  # weights 1 are not loaded yet
+    assert of(Sync, core.step(0.0, [Published(1)])) == [Sync(0)]
+    out = core.step(0.0, [Synced(0, 1), state(0, version=1)])
+    batch = core.take_batch(1)
+    assert batch.entries == [0, 3] and batch.staleness == [1, 1]
+
+
+def test_state_dict_resumes_partial_and_generated_work():
+    core, server = make_core(eta=1, batch=2)
+    groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    partial, done = groups[0].trajectory_ids
+    generate(server, partial, 0, finish=None)
+    generate(server, done, 0)
+    core.step(0.0, [Finished(0, (done,))])
+    meta, arrays = server.state_dict()
+    saved = core.state_dict()
+
+    again, again_server = make_core(eta=1, batch=2)
+    again_server.load_state_dict(meta, arrays)
+    again.load_state_dict(saved)
+    out = again.step(0.0, [state(0), state(1)])
+    assert Score(done) in out  # generated, never scored: scored again
+    resumed = {t for d in of(Dispatch, out) if d.resume for t in d.trajectory_ids}
+    assert partial in resumed and again_server.record(partial).tokens == [0, 1]
+    assert again.next_entry_id == core.next_entry_id == 4
+    assert not any(d.entry < 4 and not d.resume for d in of(Dispatch, out))  # none re-created
