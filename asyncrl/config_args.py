@@ -9,8 +9,10 @@ from typing import Any
 
 import ml_collections
 
+from asyncrl.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message names the field."""
 
 

@@ -24,10 +24,10 @@ import pathlib  # noqa: E402
 import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/grpo.py", "Experiment config file (get_config(arg)).", lock_config=True)
+from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+
+_CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A run's workdir or checkpoint, a Hugging Face folder, a .gguf file or "
     "'embedded'.", required=True)
@@ -95,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

@@ -17,12 +17,11 @@ split_cpu_host(8)
 import signal  # noqa: E402
 import threading  # noqa: E402
 
-import jax  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", "experiments/grpo.py", "Experiment config file (get_config(arg)).", lock_config=True)
+from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+
+_CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
 
 
@@ -36,6 +35,8 @@ class _QuietLibraries:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    import jax  # here, not at the top: a bad flag is reported without waiting for JAX
+
     from asyncrl.run import run
 
     logging.get_absl_handler().addFilter(_QuietLibraries())
@@ -53,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

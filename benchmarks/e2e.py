@@ -36,6 +36,7 @@ import tempfile  # noqa: E402
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from asyncrl.cli import exit_on_user_error  # noqa: E402
 from asyncrl.run import run  # noqa: E402
 from asyncrl.metrics import read_metrics, steady_tokens_per_s  # noqa: E402
 
@@ -95,6 +96,9 @@ def main():
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.WARNING)
     names = args.schedules.split(",")
+    unknown = [name for name in names if name not in SCHEDULES]
+    if unknown:
+        parser.error(f"--schedules: unknown {', '.join(unknown)}; known: {', '.join(SCHEDULES)}")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="e2e-"))
     if args.reuse:
         measured = {name: summarize(workdir / name) for name in names}
@@ -124,4 +128,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from asyncrl.cli import exit_on_user_error
 from asyncrl.model import ModelConfig, apply, init_params
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
@@ -196,4 +197,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -14,6 +14,7 @@ import json
 import random
 import time
 
+from asyncrl.cli import exit_on_user_error, int_at_least
 from asyncrl.staleness import BufferStatus, StalenessManager
 
 GOAL_ENTRIES_PER_S = 100_000
@@ -56,10 +57,10 @@ def run(entries: int, eta: int, batch_size: int, instances: int, seed: int) -> f
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--entries", type=int, default=200_000)
-    parser.add_argument("--eta", type=int, default=2)
-    parser.add_argument("--batch_size", type=int, default=512)
-    parser.add_argument("--instances", type=int, default=1000)
+    parser.add_argument("--entries", type=int_at_least(1), default=200_000)
+    parser.add_argument("--eta", type=int_at_least(0), default=2)
+    parser.add_argument("--batch_size", type=int_at_least(1), default=512)
+    parser.add_argument("--instances", type=int_at_least(1), default=1000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     seconds = run(args.entries, args.eta, args.batch_size, args.instances, args.seed)
@@ -75,4 +76,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from asyncrl.cli import exit_on_user_error  # noqa: E402
 from asyncrl.sim.config import run_config  # noqa: E402
 from asyncrl.sim.run import BASELINES, simulate, write_outputs  # noqa: E402
 
@@ -84,4 +85,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -44,6 +44,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from asyncrl.cli import exit_on_user_error  # noqa: E402
 from asyncrl.model import ModelConfig, ShardingRules, shardings_for  # noqa: E402
 from asyncrl.train.losses import LossConfig  # noqa: E402
 from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer, trainer_mesh  # noqa: E402
@@ -147,4 +148,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

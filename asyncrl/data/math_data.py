@@ -7,10 +7,11 @@ Formats (one problem per row):
           {"problem": str, "solution": "... \\boxed{\\frac{1}{2}}"}; `answer` wins when both are
           there, else the answer is the last complete `\\boxed{}` of the solution.
 
-A malformed row is a ValueError naming the file, the 1-based line (or parquet row) and what
-is wrong. With `skip_malformed=True` it is skipped instead, counted in `dataset.skipped`, its
-message kept in `dataset.errors` and the count logged: never a silent drop. Blank JSONL lines
-are not rows (a trailing newline is not data) and are passed over.
+A malformed row is a DataError (a ValueError and an asyncrl UserError) naming the file, the
+1-based line (or parquet row) and what is wrong. With `skip_malformed=True` it is skipped
+instead, counted in `dataset.skipped`, its message kept in `dataset.errors` and the count
+logged: never a silent drop. Blank JSONL lines are not rows (a trailing newline is not data)
+and are passed over.
 
 `prompt_id` is the index in the loaded dataset, so `dataset[p.prompt_id] == p` as for the
 arithmetic task; it equals the row index in the file when nothing was skipped, and
@@ -34,12 +35,22 @@ from typing import Any, Protocol
 import grain
 
 from asyncrl.data.arithmetic import Problem
+from asyncrl.errors import UserError
 from asyncrl.rewards.math import gsm8k_reference, last_boxed
 
 log = logging.getLogger(__name__)
 
 FORMATS = ("gsm8k", "math")
 _KEPT_ERRORS = 20  # messages kept for skipped rows; the count is exact regardless
+
+
+class DataError(UserError, ValueError):
+    """A data file that cannot be used as its format says; the message names the file and,
+    for a malformed row, its line (or parquet row) and what is wrong with it."""
+
+
+class MissingDataFile(UserError, FileNotFoundError):
+    """A data file that is not there."""
 
 
 class MathDataset:
@@ -77,9 +88,16 @@ class MathDataset:
 
 
 def _jsonl_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
-    """(1-based line, parsed row) pairs; a line that is not JSON yields its error instead."""
-    with path.open(encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
+    """(1-based line, parsed row) pairs; a line that is not UTF-8 JSON yields its error
+    instead. Read as bytes and decoded a line at a time, so a stray binary line is named
+    exactly (a text-mode read would fail on a whole chunk of lines at once)."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                yield number, ValueError(f"not UTF-8 text ({e.reason} at byte {e.start + 1})")
+                continue
             if not line.strip():
                 continue
             try:
@@ -94,7 +112,13 @@ def _parquet_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
     except ImportError:
         raise ImportError(f"{path}: reading parquet needs pyarrow (pip install pyarrow); "
                           f"or convert the file to JSONL") from None
-    yield from enumerate(pq.read_table(path).to_pylist(), start=1)
+    import pyarrow
+
+    try:
+        table = pq.read_table(path)
+    except pyarrow.ArrowException as e:
+        raise DataError(f"{path}: not a readable parquet file: {e}") from e
+    yield from enumerate(table.to_pylist(), start=1)
 
 
 def _text_field(row: dict, field: str) -> str:
@@ -161,15 +185,15 @@ def read_problems(path: str | pathlib.Path, kind: str, skip_malformed: bool = Fa
         raise ValueError(f"math data: kind must be one of {FORMATS}, got {kind!r}")
     path = pathlib.Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"math data: no such file {str(path)!r}")
+        raise MissingDataFile(f"math data: no such file {str(path)!r}")
     if path.suffix == ".parquet":
         if kind == "gsm8k":
-            raise ValueError(f"{path}: GSM8K is read from JSONL, got a parquet file")
+            raise DataError(f"{path}: GSM8K is read from JSONL, got a parquet file")
         rows, unit = _parquet_rows(path), "row"
     elif path.suffix == ".jsonl":
         rows, unit = _jsonl_rows(path), "line"
     else:
-        raise ValueError(f"{path}: expected a .jsonl or .parquet file, got suffix {path.suffix!r}")
+        raise DataError(f"{path}: expected a .jsonl or .parquet file, got suffix {path.suffix!r}")
     return _good_rows(path, kind, rows, unit, skip_malformed,
                       Skipped() if skipped is None else skipped)
 
@@ -188,7 +212,7 @@ def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], u
         except ValueError as e:
             message = f"{path}: {unit} {number} ({kind}): {e}"
             if not skip_malformed:
-                raise ValueError(message + " (skip_malformed=True skips such rows)") from None
+                raise DataError(message + " (skip_malformed=True skips such rows)") from None
             skipped.count += 1
             if len(skipped.errors) < _KEPT_ERRORS:
                 skipped.errors.append(message)
@@ -199,7 +223,7 @@ def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], u
         log.warning("%s: skipped %d malformed %ss of %d; first: %s", path, skipped.count, unit,
                     skipped.count + good, skipped.errors[0])
     if not good:
-        raise ValueError(f"{path}: no usable {kind} problems (skipped {skipped.count} malformed)")
+        raise DataError(f"{path}: no usable {kind} problems (skipped {skipped.count} malformed)")
 
 
 def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> MathDataset:
@@ -290,8 +314,9 @@ class ShuffledCursor:
         mine = {"seed": self.seed, "size": len(self.dataset), "shuffle": self.shuffle}
         for key, value in mine.items():
             if state[key] != value:
-                raise ValueError(f"shuffled cursor state: saved with {key}={state[key]!r}, "
-                                 f"this cursor has {key}={value!r} ({self.dataset.path})")
+                # A resume against another file or seed than the run was started with.
+                raise DataError(f"shuffled cursor state: saved with {key}={state[key]!r}, "
+                                f"this cursor has {key}={value!r} ({self.dataset.path})")
         if state["position"] > len(self.dataset):
             raise ValueError(f"shuffled cursor state: position must be ≤ the dataset size "
                              f"{len(self.dataset)}, got {state['position']}")

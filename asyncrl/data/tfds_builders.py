@@ -167,7 +167,7 @@ def builder_for(path: str | pathlib.Path, kind: str, data_dir: str | pathlib.Pat
         raise ValueError(f"tfds builders: kind must be one of {sorted(BUILDERS)}, got {kind!r}")
     path = pathlib.Path(path).resolve()
     if not path.is_file():
-        raise FileNotFoundError(f"tfds builders: no such file {str(path)!r}")
+        raise math_data.MissingDataFile(f"tfds builders: no such file {str(path)!r}")
     sha256 = _sha256(path)
     stem = re.sub(r"[^a-z0-9]+", "_", path.stem.lower()).strip("_") or "data"
     name = f"{stem}_{sha256[:16]}_{'skip' if skip_malformed else 'strict'}"

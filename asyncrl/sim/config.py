@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import ml_collections
 
+from asyncrl.config_args import ConfigError
+
 
 def run_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
@@ -65,19 +67,19 @@ def run_config() -> ml_collections.ConfigDict:
 
 
 def check(c) -> None:
-    """Raises ValueError naming the field, the value and what is allowed."""
+    """Raises ConfigError (a ValueError) naming the field, the value and what is allowed."""
     from asyncrl.sim.schedules import SCHEDULES
 
     if c.schedule not in SCHEDULES:
-        raise ValueError(f"schedule={c.schedule!r} is not registered; registered: "
-                         f"{', '.join(SCHEDULES.names())}")
+        raise ConfigError(f"schedule={c.schedule!r} is not registered; registered: "
+                          f"{', '.join(SCHEDULES.names())}")
     for name, minimum in (("num_instances", 1), ("eta", 0), ("group_size", 1), ("warmup_steps", 0),
                           ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0)):
         value = c[name]
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ValueError(f"{name}={value!r}: must be an int ≥ {minimum}")
+            raise ConfigError(f"{name}={value!r}: must be an int ≥ {minimum}")
     if c.batch_size == 0 and not c.groups_per_instance > 0:
-        raise ValueError(
+        raise ConfigError(
             f"groups_per_instance={c.groups_per_instance!r}: must be > 0 when batch_size=0")
     if not c.train_gpus_per_instance > 0:
-        raise ValueError(f"train_gpus_per_instance={c.train_gpus_per_instance!r}: must be > 0")
+        raise ConfigError(f"train_gpus_per_instance={c.train_gpus_per_instance!r}: must be > 0")

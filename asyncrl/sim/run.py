@@ -65,23 +65,25 @@ def run_grid(config, workdir: str, progress: bool = True) -> list[Result]:
 
     os.makedirs(workdir, exist_ok=True)
     points = grid_points(config)
-    bar = tqdm(total=len(points), desc="sim grid", unit="run", disable=not progress)
     results: list[Result | None] = [None] * len(points)
-    if config.grid.workers <= 1:
-        for i, rc in enumerate(points):
-            bar.set_postfix_str(f"{rc.schedule} I={rc.num_instances} η={rc.eta}")
-            results[i] = simulate(rc)
-            bar.update()
-    else:
-        # Spawned, not forked: a caller that has JAX (or any threads) running would be forked
-        # mid-lock; the simulator's workers need neither.
-        spawn = multiprocessing.get_context("spawn")
-        with concurrent.futures.ProcessPoolExecutor(config.grid.workers, mp_context=spawn) as pool:
-            futures = {pool.submit(_simulate_dict, rc.to_dict()): i for i, rc in enumerate(points)}
-            for fut in concurrent.futures.as_completed(futures):
-                results[futures[fut]] = fut.result()
+    # Closed (its line ended) on an error too, so the error is not printed onto the bar.
+    with tqdm(total=len(points), desc="sim grid", unit="run", disable=not progress) as bar:
+        if config.grid.workers <= 1:
+            for i, rc in enumerate(points):
+                bar.set_postfix_str(f"{rc.schedule} I={rc.num_instances} η={rc.eta}")
+                results[i] = simulate(rc)
                 bar.update()
-    bar.close()
+        else:
+            # Spawned, not forked: a caller that has JAX (or any threads) running would be
+            # forked mid-lock; the simulator's workers need neither.
+            spawn = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(config.grid.workers,
+                                                        mp_context=spawn) as pool:
+                futures = {pool.submit(_simulate_dict, rc.to_dict()): i
+                           for i, rc in enumerate(points)}
+                for fut in concurrent.futures.as_completed(futures):
+                    results[futures[fut]] = fut.result()
+                    bar.update()
     write_outputs(results, workdir)
     return results
 

@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from asyncrl.cli import run_main
+from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.latency import LatencyModel
 from asyncrl.model import (
     ModelConfig,
@@ -73,8 +75,8 @@ _SEED = flags.DEFINE_integer("seed", 0, "Random weights (presets) and prompts.")
 def load_model(model: str | None, checkpoint: str | None, seed: int):
     """(name, config, graphdef, params) of a preset or a checkpoint."""
     if (model is None) == (checkpoint is None):
-        raise ValueError(f"give exactly one of --model (one of {', '.join(PRESETS)}) or "
-                         f"--checkpoint; got model={model!r}, checkpoint={checkpoint!r}")
+        raise ConfigError(f"give exactly one of --model (one of {', '.join(PRESETS)}) or "
+                          f"--checkpoint; got model={model!r}, checkpoint={checkpoint!r}")
     if model is not None:
         config = getattr(ModelConfig, model)()
         graphdef, params = init_params(config, seed)
@@ -97,8 +99,8 @@ class DecodePoint:
         self.prompt_len = max(1, min(8, max_len // 4))
         self.capacity = max_len - self.prompt_len - 1  # decode steps before a slot is full
         if self.capacity <= WARMUP_STEPS:
-            raise ValueError(f"max_len={max_len} leaves {self.capacity} decode steps after a "
-                             f"{self.prompt_len}-token prompt; need > {WARMUP_STEPS}")
+            raise ConfigError(f"max_len={max_len} leaves {self.capacity} decode steps after a "
+                              f"{self.prompt_len}-token prompt; need > {WARMUP_STEPS}")
         self.engine = Engine(graphdef, config, num_slots=running, max_len=max_len,
                              prompt_buckets=(self.prompt_len,), stop_tokens=(),
                              max_new_tokens=max_len, seed=seed)
@@ -187,11 +189,11 @@ def profile(model: str | None, checkpoint: str | None, *, num_slots: int, max_le
     lengths = _ints(lengths, [max(16, max_len // 4), max(16, max_len // 2), max_len])
     prompt_lengths = _ints(prompt_lengths, [p for p in (16, 32, 64, 128) if p < max_len])
     if len(running) * len(lengths) < 4:
-        raise ValueError(f"the grid --running={running} x --lengths={lengths} has fewer than "
-                         "4 points: too few to fit and hold one out")
+        raise ConfigError(f"the grid --running={running} x --lengths={lengths} has fewer than "
+                          "4 points: too few to fit and hold one out")
     if not prompt_lengths or max(prompt_lengths) >= max_len:
-        raise ValueError(f"--prompt_lengths={prompt_lengths} must be non-empty and below "
-                         f"max_len={max_len}")
+        raise ConfigError(f"--prompt_lengths={prompt_lengths} must be non-empty and below "
+                          f"max_len={max_len}")
     log(f"{name}: loaded in {time.perf_counter() - t0:.1f}s; decode grid running={running} x "
         f"max_len={lengths}, prefill lengths {prompt_lengths}")
 
@@ -274,4 +276,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    run_main(main)

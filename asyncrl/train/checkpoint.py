@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 
+from asyncrl.errors import UserError
 from asyncrl.model.loading import export_hf
 from asyncrl.train.trainer import Trainer, TrainState
 
@@ -37,7 +38,7 @@ FORMAT = 2  # 2: `coordinator` (the core's whole state) replaced `staleness`
 _ITEMS = ("state", "meta", "trajectories")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be resumed from; the message names its path and the fault."""
 
 

@@ -4,7 +4,7 @@ import logging
 import pytest
 
 from asyncrl.data.arithmetic import Problem
-from asyncrl.data.math_data import ShuffledCursor, load, load_gsm8k, load_math
+from asyncrl.data.math_data import DataError, ShuffledCursor, load, load_gsm8k, load_math
 
 
 def write_jsonl(path, rows):
@@ -46,6 +46,17 @@ def test_a_malformed_gsm8k_row_names_the_file_and_line(tmp_path, bad_row, compla
     path = write_jsonl(tmp_path / "gsm8k.jsonl", [GSM8K_ROWS[0], "", GSM8K_ROWS[1], bad_row])
     with pytest.raises(ValueError, match=rf"gsm8k\.jsonl: line 4 \(gsm8k\): .*{complaint}"):
         load_gsm8k(path)
+
+
+def test_a_binary_line_or_an_unreadable_parquet_file_is_named(tmp_path):
+    path = tmp_path / "g.jsonl"
+    path.write_bytes(json.dumps(GSM8K_ROWS[0]).encode() + b"\n\xff\xfe\x00\x01\n")
+    with pytest.raises(DataError, match=r"g\.jsonl: line 2 \(gsm8k\): not UTF-8 text"):
+        load_gsm8k(path)
+    parquet = tmp_path / "m.parquet"
+    parquet.write_bytes(b"not parquet at all")
+    with pytest.raises(DataError, match=r"m\.parquet: not a readable parquet file"):
+        load_math(parquet)
 
 
 def test_skip_malformed_counts_and_logs_every_skipped_row(tmp_path, caplog):

@@ -1,0 +1,144 @@
+"""How the entry points end on a user error: `error: <message>` on stderr and exit status 2,
+no traceback (see asyncrl.errors.UserError). Any other exception is a bug and keeps its
+traceback.
+
+    _CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file.")
+    if __name__ == "__main__":
+        run_main(main)              # absl entry points: python -m asyncrl.main, .eval, .sim
+        exit_on_user_error(main)    # argparse scripts (benchmarks/); see int_at_least
+
+absl parses the flags inside app.run, where a refused flag ends the process its own way and
+ml_collections' refusal of a misspelt `--config.<field>` is an AttributeError from deep in
+that parsing; `run_main` and `define_config_flag` make both user errors like any other.
+Import-light: entry points import this before JAX, to split the host first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import ml_collections
+from absl import app, flags
+from ml_collections import config_flags
+from ml_collections.config_flags.config_flags import ConfigFileFlagParser
+
+from asyncrl.config_args import ConfigError
+from asyncrl.errors import UserError
+
+EXIT_USER_ERROR = 2  # as argparse's usage errors; a crash exits 1
+
+
+def run_main(main: Callable[[list[str]], Any]) -> None:
+    """absl's `app.run(main)`, with a user error, a refused flag included, ended as one line."""
+    exit_on_user_error(lambda: app.run(main, flags_parser=parse_flags))
+
+
+def exit_on_user_error(entry: Callable[[], Any]) -> Any:
+    """`entry()`; a UserError it raises ends the process with its message and status 2."""
+    try:
+        return entry()
+    except UserError as error:
+        _exit_with(error)
+
+
+def _exit_with(error: UserError) -> NoReturn:
+    print(f"error: {error}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_USER_ERROR)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """app.run's flags_parser: absl's own parsing, a flag it refuses raised as a UserError."""
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as error:
+        raise UserError(_flag_error_message(error)) from error
+
+
+def _flag_error_message(error: flags.Error) -> str:
+    # absl wraps what a flag's parser raises in a flags.Error whose message quotes it whole,
+    # with ml_collections' traceback text when get_config raised: a UserError in that chain
+    # (a config argument get_config refuses, a misspelt field) is the message to show.
+    cause, innermost = error, None
+    while cause is not None:
+        if isinstance(cause, UserError):
+            innermost = cause
+        cause = cause.__cause__ or cause.__context__
+    return str(innermost) if innermost else f"{error} (--helpfull lists the flags)"
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse `type`: an int ≥ minimum, else argparse's usage error naming the flag."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an int ≥ {minimum}, got {value}")
+        return value
+
+    parse.__name__ = "int"  # argparse names the type so in "invalid int value: 'x'"
+    return parse
+
+
+def define_config_flag(default: str | None, help_string: str, name: str = "config"):
+    """`config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)`, but a
+    missing config file or an override naming no field (`--config.train.stepz=3`) is a
+    ConfigError naming it and the fields near it."""
+    parser = _CheckedConfigFileParser(name)
+    if default is not None and not _config_file_given(name, sys.argv):
+        # ml_collections then loads the default file and applies the overrides right here, at
+        # import, before any entry point could catch what it raises: check them first.
+        exit_on_user_error(lambda: parser.parse(default))
+    holder = config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)
+    flags.FLAGS[name].parser = parser  # parses the --config given on the command line
+    return holder
+
+
+class _CheckedConfigFileParser(ConfigFileFlagParser):
+    """Loads a config file as ml_collections does, then checks the overrides against it."""
+
+    def __init__(self, name: str):
+        super().__init__(name, lock_config=True)
+
+    def parse(self, path: str):
+        file = path.split(":", 1)[0]
+        if not os.path.isfile(file):
+            # ml_collections would defer this to the config's first use, as an OSError.
+            raise ConfigError(f"--{self.name}={path}: no such config file {file!r}")
+        config = super().parse(path)
+        # Read as ml_collections reads them (it too looks in sys.argv, flag files expanded).
+        argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
+        for dotted in _overrides(self.name, argv):
+            _check_field(config, self.name, dotted)
+        return config
+
+
+def _config_file_given(name: str, argv: list[str]) -> bool:
+    return any(re.match(rf"-{{1,2}}{re.escape(name)}(=|$)", arg) for arg in argv)
+
+
+def _overrides(name: str, argv: list[str]) -> list[str]:
+    """The dotted fields of the `--<name>.<field>=value` (or `--no<name>.<field>`) flags."""
+    pattern = re.compile(rf"-{{1,2}}(no)?{re.escape(name)}\.([^=]+)")
+    return [match[2] for match in map(pattern.match, argv) if match]
+
+
+def _check_field(config, name: str, dotted: str) -> None:
+    node, where = config, name
+    for part in dotted.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or "[" in part:
+            return  # inside a list, a dict or a dataclass: ml_collections checks those
+        if part not in node:
+            raise ConfigError(f"--{name}.{dotted}: {where} has no field {part!r}; "
+                              f"{_near(part, list(node.keys()))}")
+        node, where = node[part], f"{where}.{part}"
+
+
+def _near(field: str, fields: list[str]) -> str:
+    listed = f"fields: {', '.join(sorted(fields))}"
+    close = difflib.get_close_matches(field, fields, n=3)
+    return f"did you mean {' or '.join(map(repr, close))}? ({listed})" if close else listed
