@@ -71,7 +71,8 @@ def test_an_evaluator_takes_its_label_from_the_task_data():
                                         "seed": 0, "style": "compact"})
     data = build_task_data(config, 4, "/nowhere")
     # Engines are built at the first call: constructing one needs no model.
-    evaluator = Evaluator(None, None, None, None, data.heldout, str, str, eval_label=data.eval_label)
+    evaluator = Evaluator(None, None, None, None, data.heldout, str, str,
+                          eval_label=data.eval_label)
     assert evaluator.eval_label == TRAIN_SET
     assert Evaluator(None, None, None, None, data.heldout, str, str).eval_label == HELDOUT
     with pytest.raises(ValueError, match=r"label must be one of \('held-out', 'train-set'\), "

@@ -222,7 +222,7 @@ class DistinctProblems:
 
     def __getitem__(self, index: int) -> Problem:
         size = len(self)
-        if index < 0 or (index >= size and not self.repeat):
+        if index < 0 or (index >= size and not (self.repeat and size)):
             raise IndexError(f"arithmetic task: the {self.part} part of kinds {self.kinds} "
                              f"holds {size} distinct problems; index {index} is out of range")
         kind_ids, indices = self._ordered()

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+from collections.abc import Iterator
 
 from asyncrl.data.arithmetic import Problem
+from asyncrl.data.math_data import ProblemSource
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class ProblemSubset:
     """Some problems of a dataset (`MathDataset` or `PreparedDataset`), renumbered from 0
     so that `subset[p.prompt_id] == p`, as for every problem source."""
 
-    def __init__(self, source: Any, indices: list[int]):
+    def __init__(self, source: ProblemSource, indices: list[int]):
         self.source = source
         self.path = source.path
         self._indices = indices
@@ -58,6 +59,9 @@ class ProblemSubset:
     def __repr__(self) -> str:
         return f"ProblemSubset({self.path!r}, {len(self)} of {len(self.source)} problems)"
 
+    def questions(self) -> Iterator[str]:
+        return (self.source[i].question for i in self._indices)
+
 
 @dataclasses.dataclass(frozen=True)
 class HeldoutCheck:
@@ -72,7 +76,8 @@ class HeldoutCheck:
         return self.overlapping + self.duplicates
 
 
-def disjoint_heldout(train: Any, heldout: Any) -> tuple[ProblemSubset, HeldoutCheck]:
+def disjoint_heldout(train: ProblemSource, heldout: ProblemSource
+                     ) -> tuple[ProblemSubset, HeldoutCheck]:
     """The held-out problems whose question the train file never asks, each question once.
 
     Dropped rather than refused: public splits (GSM8K, MATH) hold a few such repeats, and
@@ -81,11 +86,10 @@ def disjoint_heldout(train: Any, heldout: Any) -> tuple[ProblemSubset, HeldoutCh
     names both files, the count and the lines, so nothing is dropped silently; when too few
     problems remain for eval.heldout_size, `build_task_data` refuses with the same counts.
     """
-    trained = {normalised_question(train[i].question) for i in range(len(train))}
+    trained = {normalised_question(question) for question in train.questions()}
     seen: set[str] = set()
     kept, overlapping, duplicates = [], [], []
-    for i in range(len(heldout)):
-        question = normalised_question(heldout[i].question)
+    for i, question in enumerate(map(normalised_question, heldout.questions())):
         if question in trained:
             overlapping.append(i)
         elif question in seen:
@@ -99,11 +103,13 @@ def disjoint_heldout(train: Any, heldout: Any) -> tuple[ProblemSubset, HeldoutCh
                     len(heldout), train.path, _lines(heldout, overlapping))
     if duplicates:
         log.warning("%s: %d held-out questions repeat an earlier one; each is evaluated once "
-                    "(dropped lines %s)", heldout.path, len(duplicates), _lines(heldout, duplicates))
+                    "(dropped lines %s)", heldout.path, len(duplicates),
+                    _lines(heldout, duplicates))
     return ProblemSubset(heldout, kept), HeldoutCheck(len(heldout), len(overlapping),
                                                       len(duplicates))
 
 
-def _lines(dataset: Any, indices: list[int]) -> str:
+def _lines(dataset: ProblemSource, indices: list[int]) -> str:
     shown = ", ".join(str(dataset.source_line(i)) for i in indices[:_SHOWN_LINES])
-    return shown + (f" and {len(indices) - _SHOWN_LINES} more" if len(indices) > _SHOWN_LINES else "")
+    more = len(indices) - _SHOWN_LINES
+    return shown + (f" and {more} more" if more > 0 else "")

@@ -52,7 +52,8 @@ def test_training_never_draws_a_heldout_problem(name):
     trained = {canonical(p) for p in train_draws((name,))}
     if not kind.has_heldout:
         assert kind.size < MIN_SPACE_FOR_HELDOUT and len(heldout_part(kind)) == 0
-        with pytest.raises(ValueError, match=f"no held-out split .*{name} has {kind.size} problems"):
+        with pytest.raises(ValueError,
+                           match=f"no held-out split .*{name} has {kind.size} problems"):
             ArithmeticTask(0, (name,), "heldout")
         return
     heldout = ArithmeticTask(0, (name,), "heldout")
