@@ -263,6 +263,9 @@ class ArithmeticTask:
             raise TypeError("arithmetic task: the train split is endless and has no length")
         return len(self._heldout)
 
+    def __bool__(self) -> bool:
+        return True  # never empty; without this, testing the train split's truth calls __len__
+
     def __getitem__(self, index: int) -> Problem:
         if index < 0:
             raise IndexError(f"arithmetic task: problem index must be ≥ 0, got {index}")
