@@ -1,6 +1,10 @@
 """Held-out evaluation on a rollout engine: greedy accuracy, sampled pass@k, response length
 and answer-format rate; and the unbiased pass@k estimator.
 
+Every result carries the label of the set it was measured on: "held-out" when training can
+never draw those problems, "train-set" when the task is too small to hold any out
+(`TaskData.eval_label`), so no figure claims more than it measured.
+
 Runs on engines of its own (greedy: temperature 0; sampled: the rollout's sampling) so it
 never disturbs the training rollouts' random streams; the slots are refilled continuously,
 as in rollout, and a problem's k samples share one prefill (multi-sampling).
@@ -17,6 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from asyncrl.data.heldout import EVAL_LABELS, HELDOUT
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.rewards import REWARDS
 from asyncrl.rollout.engine import Engine
@@ -79,10 +84,17 @@ class EvalResult:
     seconds: float
     pass_at: dict[int, float] | None = None  # k -> pass@k over the sampled responses
     samples: int = 0  # sampled responses per problem (0: greedy only)
+    eval_label: str = HELDOUT  # "held-out", or "train-set": problems training also draws
 
-    def as_dict(self, prefix: str) -> dict[str, float]:
-        """Flat figures for a metrics line: `{prefix}_accuracy`, `{prefix}_pass@4`, ..."""
-        out = {f"{prefix}_accuracy": self.accuracy, f"{prefix}_mean_length": self.mean_length}
+    def __post_init__(self):
+        _check_label(self.eval_label)
+
+    def as_dict(self, prefix: str) -> dict[str, float | str]:
+        """Flat figures for a metrics line: `{prefix}_accuracy`, `{prefix}_pass@4`, ..., and
+        `{prefix}_label`, the set they were measured on."""
+        out: dict[str, float | str] = {f"{prefix}_accuracy": self.accuracy,
+                                       f"{prefix}_mean_length": self.mean_length,
+                                       f"{prefix}_label": self.eval_label}
         if self.format_rate is not None:
             out[f"{prefix}_format_rate"] = self.format_rate
         for k, value in (self.pass_at or {}).items():
@@ -94,9 +106,11 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
                     prompts: Sequence[Sequence[int]], answers: Sequence[str],
                     decode: Callable[[list[int]], str], score: Score, *,
                     is_formatted: Score | None = None, samples: int = 0,
-                    pass_ks: Sequence[int] = (), version: int = 0) -> EvalResult:
+                    pass_ks: Sequence[int] = (), version: int = 0,
+                    eval_label: str = HELDOUT) -> EvalResult:
     """Greedy accuracy, length and format rate; with `samples` > 0 also pass@k for each k
-    in `pass_ks` from that many sampled responses per problem."""
+    in `pass_ks` from that many sampled responses per problem. `eval_label` names the set
+    `prompts` come from ("held-out" or "train-set")."""
     if samples and any(not 1 <= k <= samples for k in pass_ks):
         raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {list(pass_ks)}")
     greedy = complete(greedy_engine, params, prompts, answers, decode, score, 1, is_formatted,
@@ -116,17 +130,19 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
         accuracy=float(greedy.correct.mean()) if n else 0.0,
         mean_length=float(greedy.lengths.mean()) if n else 0.0,
         format_rate=float(greedy.formatted.mean()) if n and is_formatted else None,
-        num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples)
+        num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples, eval_label=eval_label)
 
 
 class Evaluator:
-    """A run's held-out evaluation (config.eval) on one rollout mesh, on engines built at the
-    first call: every evaluation of a run shares their compiles."""
+    """A run's evaluation (config.eval) on one rollout mesh, on engines built at the first
+    call: every evaluation of a run shares their compiles. `heldout` is what it reads
+    (`TaskData.heldout`) and `eval_label` what that is (`TaskData.eval_label`)."""
 
     def __init__(self, c, graphdef, model_config, mesh, heldout, encode: Callable[[Any], Sequence[int]],
-                 decode: Callable[[list[int]], str]):
+                 decode: Callable[[list[int]], str], eval_label: str = HELDOUT):
         self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
         self.heldout, self.encode, self.decode = heldout, encode, decode
+        self.eval_label = _check_label(eval_label)
         self.seconds = 0.0  # spent evaluating, over the run
         self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
         self._problems: tuple[list[Sequence[int]], list[str]] = ([], [])  # prompts, answers
@@ -157,7 +173,8 @@ class Evaluator:
         result = evaluate_policy(
             greedy, sampled, params, prompts, answers, self.decode, _reward_fn(c.task.reward),
             is_formatted=_reward_fn(c.eval.format_reward) if c.eval.format_reward else None,
-            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version)
+            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
+            eval_label=self.eval_label)
         self.seconds += result.seconds
         log.info("%s: %s", label, describe(result))
         return result
@@ -166,8 +183,15 @@ class Evaluator:
 def describe(result: EvalResult) -> str:
     passes = "".join(f", pass@{k} {v:.3f}" for k, v in (result.pass_at or {}).items())
     formatted = "" if result.format_rate is None else f", format {result.format_rate:.3f}"
-    return (f"held-out accuracy {result.accuracy:.3f} on {result.num_problems} problems{passes}"
-            f"{formatted} (mean length {result.mean_length:.1f} tokens, {result.seconds:.1f} s)")
+    return (f"{result.eval_label} accuracy {result.accuracy:.3f} on {result.num_problems} "
+            f"problems{passes}{formatted} (mean length {result.mean_length:.1f} tokens, "
+            f"{result.seconds:.1f} s)")
+
+
+def _check_label(label: str) -> str:
+    if label not in EVAL_LABELS:
+        raise ValueError(f"evaluation label must be one of {EVAL_LABELS}, got {label!r}")
+    return label
 
 
 def _reward_fn(name: str) -> Score:

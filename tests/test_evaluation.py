@@ -1,10 +1,14 @@
+import dataclasses
 import fractions
 import itertools
 import math
 
+import ml_collections
 import pytest
 
-from asyncrl.evaluation import pass_at_k
+from asyncrl.data.heldout import HELDOUT, TRAIN_SET
+from asyncrl.data.sources import build_task_data
+from asyncrl.evaluation import EvalResult, Evaluator, describe, pass_at_k
 
 
 def closed_form(n, c, k):
@@ -42,3 +46,37 @@ def test_pass_at_k_known_values():
 def test_pass_at_k_rejects_impossible_counts(n, c, k, message):
     with pytest.raises(ValueError, match=message):
         pass_at_k(n, c, k)
+
+
+def result_with(**changes):
+    figures = {"accuracy": 0.25, "mean_length": 3.0, "format_rate": 0.5, "num_problems": 8,
+               "seconds": 1.0, "pass_at": {1: 0.25}, "samples": 2}
+    return EvalResult(**{**figures, **changes})
+
+
+def test_results_say_which_set_they_were_measured_on():
+    heldout, train_set = result_with(), result_with(eval_label=TRAIN_SET)
+    assert heldout.eval_label == HELDOUT  # the default: what every caller measured before
+    assert describe(heldout).startswith("held-out accuracy 0.250 on 8 problems, pass@1 0.250")
+    assert describe(train_set).startswith("train-set accuracy 0.250 on 8 problems")
+    assert "held-out" not in describe(train_set)
+    assert train_set.as_dict("eval") == {"eval_accuracy": 0.25, "eval_mean_length": 3.0,
+                                         "eval_label": "train-set", "eval_format_rate": 0.5,
+                                         "eval_pass@1": 0.25}
+    assert dataclasses.asdict(train_set)["eval_label"] == "train-set"  # the results.json entry
+
+
+def test_an_evaluator_takes_its_label_from_the_task_data():
+    config = ml_collections.ConfigDict({"dataset": "arithmetic", "kinds": ("echo1",),
+                                        "seed": 0, "style": "compact"})
+    data = build_task_data(config, 4, "/nowhere")
+    # Engines are built at the first call: constructing one needs no model.
+    evaluator = Evaluator(None, None, None, None, data.heldout, str, str,
+                          eval_label=data.eval_label)
+    assert evaluator.eval_label == TRAIN_SET
+    assert Evaluator(None, None, None, None, data.heldout, str, str).eval_label == HELDOUT
+    with pytest.raises(ValueError, match=r"label must be one of \('held-out', 'train-set'\), "
+                                         r"got 'heldout'"):
+        Evaluator(None, None, None, None, data.heldout, str, str, eval_label="heldout")
+    with pytest.raises(ValueError, match="label must be one of"):
+        result_with(eval_label="test")

@@ -21,6 +21,11 @@ PROBLEMS = [("Tom has 3 apples and buys 4 more. How many?", "3 + 4 = 7\n#### 7")
             ("Ann had 9 pens and lost 2. How many now?", "9 - 2 = 7\n#### 7"),
             ("A box holds 5 eggs. How many in 2 boxes?", "2 * 5 = 10\n#### 10"),
             ("Sam reads 1,000 pages in 4 days. Pages per day?", "1000 / 4 = 250\n#### 250")]
+# Training asks other questions: a held-out question the train file holds would be dropped.
+TRAIN_PROBLEMS = [("Tom has 2 apples and buys 5 more. How many?", "2 + 5 = 7\n#### 7"),
+                  ("Ann had 8 pens and lost 3. How many now?", "8 - 3 = 5\n#### 5"),
+                  ("A box holds 6 eggs. How many in 2 boxes?", "2 * 6 = 12\n#### 12"),
+                  ("Sam reads 900 pages in 3 days. Pages per day?", "900 / 3 = 300\n#### 300")]
 
 
 def gsm8k_file(path, rows):
@@ -35,7 +40,8 @@ def files(tmp_path_factory):
     save_hf(build_hf_model("qwen2", 320, max_positions=512), build_tokenizer(), model)
     (model / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": QWEN2_5, "eos_token": "<|im_end|>", "bos_token": None}))
-    return (gsm8k_file(root / "train.jsonl", PROBLEMS * 4), gsm8k_file(root / "test.jsonl", PROBLEMS),
+    return (gsm8k_file(root / "train.jsonl", TRAIN_PROBLEMS * 4),
+            gsm8k_file(root / "test.jsonl", PROBLEMS),
             model)
 
 

@@ -1,10 +1,18 @@
 """A seeded synthetic arithmetic task: problems whose difficulty and answer lengths vary.
 
 Problem i of a split is a pure function of (seed, split, i), so the data position is one
-integer: a checkpoint saves it and a resumed run neither repeats nor skips a prompt. Train and
-held-out splits draw from disjoint random streams.
+integer: a checkpoint saves it and a resumed run neither repeats nor skips a prompt.
 
-Kinds (the operands' digit counts set the difficulty):
+Held out by construction: each kind's problem space (every combination of its operands) is
+partitioned once, the same for every seed, by a stable hash of the canonical problem (kind,
+operands): the HELDOUT_FRACTION of problems with the smallest hashes form the held-out part.
+The train split is an endless stream that redraws any held-out problem, so no seed ever
+trains on one; the held-out split lists its part's problems once each, in a seeded order. A
+kind smaller than MIN_SPACE_FOR_HELDOUT has no held-out part: a task using it can only be
+evaluated on its train problems (`DistinctProblems(..., part="train")`).
+
+Kinds (the operands' digit counts set the difficulty; `KINDS.get(name).size` is the number
+of distinct problems):
   add1   a + b, one digit each          add2   two digits each     add3   three digits each
   mul21  a × b, two digits by one       sub2   a - b, two digits (answer may be negative)
   mod10  (a + b) % 10, one digit each: a one-token answer
@@ -17,6 +25,10 @@ the tiny character tokenizer, whose vocabulary is just digits and operators).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import math
+from collections.abc import Callable
 from typing import Iterator
 
 import numpy as np
@@ -25,7 +37,19 @@ from asyncrl.registry import Registry
 
 KINDS = Registry("arithmetic kind")
 SPLITS = ("train", "heldout")
+PARTS = ("train", "heldout")  # of a kind's problem space, as `DistinctProblems` lists them
 STYLES = ("words", "compact")
+
+HELDOUT_FRACTION = 0.1
+# Below this many problems a kind has no held-out part. A tenth of 100 is 10 problems, the
+# fewest whose accuracy says more than noise (each one moves it by 0.1); and holding problems
+# out of a smaller space takes a visible share of what training can learn (echo1 would lose
+# one of its ten digits to a one-problem "held-out set").
+MIN_SPACE_FOR_HELDOUT = 100
+# The partition hashes and sorts a kind's whole space once, at 8 bytes a problem: 10^7
+# problems is 80 MB and a second or two; a larger space needs a partition that does not
+# enumerate it.
+MAX_SPACE = 10 ** 7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,71 +58,226 @@ class Problem:
     question: str  # "What is 37 + 5?"
     answer: str  # "42"
     kind: str
+    operands: tuple[int, ...] = ()  # with `kind`, the canonical problem (arithmetic only)
 
 
-def _operands(rng: np.random.Generator, digits_a: int, digits_b: int) -> tuple[int, int]:
-    low = lambda d: 0 if d == 1 else 10 ** (d - 1)  # noqa: E731 - no leading zeros
-    return (int(rng.integers(low(digits_a), 10 ** digits_a)),
-            int(rng.integers(low(digits_b), 10 ** digits_b)))
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A family of problems: each combination of one value from every operand range is one
+    problem, numbered by its mixed-radix index (the first operand most significant)."""
+
+    name: str
+    operand_ranges: tuple[range, ...]
+    render: Callable[..., tuple[str, int]]  # operands -> (expression, value)
+
+    def __post_init__(self):
+        if not self.operand_ranges or any(len(r) == 0 for r in self.operand_ranges):
+            raise ValueError(f"arithmetic kind {self.name!r}: every operand range must be "
+                             f"non-empty, got {self.operand_ranges}")
+        if self.size > MAX_SPACE:
+            raise ValueError(f"arithmetic kind {self.name!r}: {self.size} problems, more than "
+                             f"the {MAX_SPACE} whose held-out partition can be enumerated")
+
+    @property
+    def size(self) -> int:
+        return math.prod(len(r) for r in self.operand_ranges)
+
+    @property
+    def has_heldout(self) -> bool:
+        return self.size >= MIN_SPACE_FOR_HELDOUT
+
+    def index_of(self, operands: tuple[int, ...]) -> int:
+        index = 0
+        for value, values in zip(operands, self.operand_ranges):
+            index = index * len(values) + values.index(value)
+        return index
+
+    def operands_at(self, index: int) -> tuple[int, ...]:
+        operands = []
+        for values in reversed(self.operand_ranges):
+            index, offset = divmod(index, len(values))
+            operands.append(values[offset])
+        return tuple(reversed(operands))
+
+    def draw(self, rng: np.random.Generator) -> tuple[int, ...]:
+        return tuple(int(rng.integers(r.start, r.stop)) for r in self.operand_ranges)
 
 
-def _register_sum(name: str, digits: int, sign: str) -> None:
-    @KINDS.register(name)
-    def make(rng: np.random.Generator) -> tuple[str, int]:
-        a, b = _operands(rng, digits, digits)
-        return f"{a} {sign} {b}", a + b if sign == "+" else a - b
+def _name_salt(name: str) -> int:
+    """64 bits from the kind's name: Python's hash() of a str changes from run to run."""
+    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
 
 
-_register_sum("add1", 1, "+")
-_register_sum("add2", 2, "+")
-_register_sum("add3", 3, "+")
-_register_sum("sub2", 2, "-")
+def _stable_hash(name: str, indices: np.ndarray) -> np.ndarray:
+    """splitmix64 of (name, problem index): fixed across runs, machines and versions."""
+    z = indices.astype(np.uint64) ^ np.uint64(_name_salt(name))
+    z = z + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
 
 
-@KINDS.register("echo1")
-def _echo1(rng: np.random.Generator) -> tuple[str, int]:
-    a = int(rng.integers(10))
-    return f"{a}", a
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False  # cached and shared: no caller may move the partition
+    return array
 
 
-@KINDS.register("mod10")
-def _mod10(rng: np.random.Generator) -> tuple[str, int]:
-    a, b = _operands(rng, 1, 1)
-    return f"({a} + {b}) % 10", (a + b) % 10
+@functools.cache
+def heldout_part(kind: Kind) -> np.ndarray:
+    """The problem indices of `kind`'s held-out part, ascending; none when the kind is too
+    small to hold problems out."""
+    if not kind.has_heldout:
+        return _frozen(np.empty(0, np.int64))
+    count = max(1, round(kind.size * HELDOUT_FRACTION))
+    hashes = _stable_hash(kind.name, np.arange(kind.size))
+    return _frozen(np.sort(np.argsort(hashes, kind="stable")[:count]))
 
 
-@KINDS.register("mul21")
-def _mul21(rng: np.random.Generator) -> tuple[str, int]:
-    a, b = _operands(rng, 2, 1)
-    return f"{a} * {b}", a * b
+@functools.cache
+def _heldout_mask(kind: Kind) -> np.ndarray:
+    mask = np.zeros(kind.size, bool)
+    mask[heldout_part(kind)] = True
+    return _frozen(mask)
+
+
+def part_of(kind: Kind, part: str) -> np.ndarray:
+    """The problem indices of one part of `kind`'s space, ascending."""
+    if part not in PARTS:
+        raise ValueError(f"arithmetic task: part must be one of {PARTS}, got {part!r}")
+    return heldout_part(kind) if part == "heldout" else np.flatnonzero(~_heldout_mask(kind))
+
+
+def has_heldout_split(kinds: tuple[str, ...]) -> bool:
+    """Whether every kind is large enough to hold problems out of training."""
+    return all(KINDS.get(name).has_heldout for name in kinds)
+
+
+def _register(name: str, operand_ranges: tuple[range, ...],
+              render: Callable[..., tuple[str, int]]) -> None:
+    KINDS.add(name, Kind(name, operand_ranges, render))
+
+
+def _digits(count: int) -> range:
+    return range(0 if count == 1 else 10 ** (count - 1), 10 ** count)  # no leading zeros
+
+
+_register("add1", (_digits(1),) * 2, lambda a, b: (f"{a} + {b}", a + b))
+_register("add2", (_digits(2),) * 2, lambda a, b: (f"{a} + {b}", a + b))
+_register("add3", (_digits(3),) * 2, lambda a, b: (f"{a} + {b}", a + b))
+_register("sub2", (_digits(2),) * 2, lambda a, b: (f"{a} - {b}", a - b))
+_register("echo1", (_digits(1),), lambda a: (f"{a}", a))
+_register("mod10", (_digits(1),) * 2, lambda a, b: (f"({a} + {b}) % 10", (a + b) % 10))
+_register("mul21", (_digits(2), _digits(1)), lambda a, b: (f"{a} * {b}", a * b))
+
+
+def _checked_kinds(kinds: tuple[str, ...], style: str) -> list[Kind]:
+    if style not in STYLES:
+        raise ValueError(f"arithmetic task: style must be one of {STYLES}, got {style!r}")
+    if not kinds:
+        raise ValueError("arithmetic task: kinds must name at least one kind, got ()")
+    return [KINDS.get(name) for name in kinds]
+
+
+def _problem(kind: Kind, operands: tuple[int, ...], prompt_id: int, style: str) -> Problem:
+    expression, value = kind.render(*operands)
+    question = (f"What is {expression}?" if style == "words"
+                else expression.replace(" ", "") + "=")
+    return Problem(prompt_id, question, str(value), kind.name, operands)
+
+
+class DistinctProblems:
+    """Every problem of one part ('heldout' or 'train') of the kinds' spaces once, in an
+    order drawn from the seed. The kinds take turns (one whose part is used up drops out), so
+    the first n problems mix the kinds evenly, as the train stream does.
+
+    `repeat=True` starts over after the last problem instead of raising IndexError: for a
+    train-set evaluation of kinds too small to hold problems out, which may ask for more
+    problems than there are.
+    """
+
+    def __init__(self, seed: int, kinds: tuple[str, ...], part: str, style: str = "words",
+                 repeat: bool = False):
+        if part not in PARTS:
+            raise ValueError(f"arithmetic task: part must be one of {PARTS}, got {part!r}")
+        # A kind named twice weighs more in training but holds the same problems.
+        self._kinds = _checked_kinds(tuple(dict.fromkeys(kinds)), style)
+        self.kinds = tuple(kind.name for kind in self._kinds)
+        self.seed, self.part, self.style, self.repeat = seed, part, style, repeat
+        self._order: tuple[np.ndarray, np.ndarray] | None = None  # (kind, problem index) each
+
+    def __len__(self) -> int:
+        held_out = sum(len(heldout_part(kind)) for kind in self._kinds)
+        return held_out if self.part == "heldout" else sum(k.size for k in self._kinds) - held_out
+
+    def _ordered(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._order is None:
+            part_code = PARTS.index(self.part)
+            shuffled = [np.random.default_rng([self.seed, 1, part_code, _name_salt(kind.name)])
+                        .permutation(part_of(kind, self.part)) for kind in self._kinds]
+            turns = np.concatenate([np.arange(len(s)) for s in shuffled])
+            kind_ids = np.concatenate([np.full(len(s), i) for i, s in enumerate(shuffled)])
+            by_turn = np.lexsort((kind_ids, turns))
+            self._order = (kind_ids[by_turn], np.concatenate(shuffled)[by_turn])
+        return self._order
+
+    def __getitem__(self, index: int) -> Problem:
+        size = len(self)
+        if index < 0 or (index >= size and not (self.repeat and size)):
+            raise IndexError(f"arithmetic task: the {self.part} part of kinds {self.kinds} "
+                             f"holds {size} distinct problems; index {index} is out of range")
+        kind_ids, indices = self._ordered()
+        kind = self._kinds[int(kind_ids[index % size])]
+        return _problem(kind, kind.operands_at(int(indices[index % size])), index, self.style)
+
+    def take(self, start: int, count: int) -> list[Problem]:
+        return [self[i] for i in range(start, start + count)]
 
 
 class ArithmeticTask:
-    """Random access to an endless, reproducible stream of problems."""
+    """Random access to one split: 'train' is an endless, reproducible stream (repeats
+    included) that never yields a held-out problem; 'heldout' is `DistinctProblems` of the
+    held-out part, finite and without repeats."""
 
     def __init__(self, seed: int, kinds: tuple[str, ...] = ("add1",), split: str = "train",
                  style: str = "words"):
-        if style not in STYLES:
-            raise ValueError(f"arithmetic task: style must be one of {STYLES}, got {style!r}")
         if split not in SPLITS:
             raise ValueError(f"arithmetic task: split must be one of {SPLITS}, got {split!r}")
-        if not kinds:
-            raise ValueError("arithmetic task: kinds must name at least one kind, got ()")
-        self._makers = [KINDS.get(k) for k in kinds]
+        self._kinds = _checked_kinds(tuple(kinds), style)
         self.kinds = tuple(kinds)
         self.seed = seed
         self.split = split
         self.style = style
+        self._heldout: DistinctProblems | None = None
+        if split == "heldout":
+            too_small = {k.name: k.size for k in self._kinds if not k.has_heldout}
+            if too_small:
+                raise ValueError(
+                    f"arithmetic task: no held-out split for kinds {self.kinds}: "
+                    f"{', '.join(f'{n} has {s} problems' for n, s in too_small.items())}, fewer "
+                    f"than the {MIN_SPACE_FOR_HELDOUT} a held-out part needs; evaluate on "
+                    f"train problems instead (DistinctProblems(..., part='train'))")
+            self._heldout = DistinctProblems(seed, self.kinds, "heldout", style)
+
+    def __len__(self) -> int:
+        if self._heldout is None:
+            raise TypeError("arithmetic task: the train split is endless and has no length")
+        return len(self._heldout)
+
+    def __bool__(self) -> bool:
+        return True  # never empty; without this, testing the train split's truth calls __len__
 
     def __getitem__(self, index: int) -> Problem:
         if index < 0:
             raise IndexError(f"arithmetic task: problem index must be ≥ 0, got {index}")
-        rng = np.random.default_rng([self.seed, SPLITS.index(self.split), index])
-        kind = int(rng.integers(len(self._makers)))
-        expression, value = self._makers[kind](rng)
-        question = (f"What is {expression}?" if self.style == "words"
-                    else expression.replace(" ", "") + "=")
-        return Problem(index, question, str(value), self.kinds[kind])
+        if self._heldout is not None:
+            return self._heldout[index]
+        rng = np.random.default_rng([self.seed, SPLITS.index("train"), index])
+        kind = self._kinds[int(rng.integers(len(self._kinds)))]
+        held_out = _heldout_mask(kind)
+        operands = kind.draw(rng)
+        while held_out[kind.index_of(operands)]:  # redrawn from the same stream: still pure
+            operands = kind.draw(rng)
+        return _problem(kind, operands, index, self.style)
 
     def take(self, start: int, count: int) -> list[Problem]:
         return [self[i] for i in range(start, start + count)]

@@ -75,6 +75,10 @@ class MathDataset:
     def take(self, start: int, count: int) -> list[Problem]:
         return [self[i] for i in range(start, start + count)]
 
+    def questions(self) -> Iterator[str]:
+        """Every question in order (as `PreparedDataset.questions`)."""
+        return (p.question for p in self._problems)
+
     def source_line(self, index: int) -> int:
         """The 1-based line (JSONL) or row (parquet) problem `index` came from."""
         self[index]
@@ -255,6 +259,10 @@ class ProblemSource(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Problem: ...
+
+    def questions(self) -> Iterator[str]: ...
+
+    def source_line(self, index: int) -> int: ...
 
 
 class ShuffledCursor:
