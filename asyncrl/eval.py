@@ -80,7 +80,8 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
     data = build_task_data(c.task, c.eval.heldout_size, out.parent)
     mesh = Mesh(jax.devices()[:1], ("tp",))
     evaluator = Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data.heldout,
-                          lambda problem: encode(c, policy, problem).tokens, policy.decode)
+                          lambda problem: encode(c, policy, problem).tokens, policy.decode,
+                          eval_label=data.eval_label)
     result = evaluator(params, 0, "eval")
     figures = {"checkpoint": str(checkpoint), **dataclasses.asdict(result)}
     out.write_text(json.dumps(figures, indent=2))

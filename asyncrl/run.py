@@ -53,13 +53,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
     # ---------------------------------------------------------------- build
     config_lib.validate(c, jax.device_count())
+    data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
     policy = load_policy(c.model)
     trainer_mesh, rollout_meshes = place(c.mesh)
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
-    data = build_task_data(c.task, c.eval.heldout_size, workdir)
     rollouts = LocalRollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
-                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode)
+                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
+                         eval_label=data.eval_label)
     if on_built is not None:
         on_built(rollouts)
 
@@ -152,8 +153,9 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
     results["wall_s"] = results.get("wall_s", 0.0) + chrono.wall_s()
     results_path.write_text(json.dumps(results, indent=2))
-    print(f"held-out accuracy: {results['before']['accuracy']:.3f} -> {results['after']['accuracy']:.3f} "
-          f"({c.eval.heldout_size} problems); results in {results_path}")
+    print(f"{data.eval_label} accuracy: {results['before']['accuracy']:.3f} -> "
+          f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "
+          f"{results_path}")
     return results
 
 

