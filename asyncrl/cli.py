@@ -28,7 +28,7 @@ from absl import app, flags
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from asyncrl.config_args import ConfigError
+from asyncrl.config_args import MOVED_FIELDS, ConfigError
 from asyncrl.errors import UserError
 
 EXIT_USER_ERROR = 2  # as argparse's usage errors; a crash exits 1
@@ -128,6 +128,8 @@ def _overrides(name: str, argv: list[str]) -> list[str]:
 
 
 def _check_field(config, name: str, dotted: str) -> None:
+    if dotted in MOVED_FIELDS:
+        raise ConfigError(f"--{name}.{dotted} has moved: use --{name}.{MOVED_FIELDS[dotted]}")
     node, where = config, name
     for part in dotted.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or "[" in part:

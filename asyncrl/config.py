@@ -14,7 +14,7 @@ from typing import Any
 
 import ml_collections
 
-from asyncrl.config_args import ConfigError, parse_arg  # noqa: F401 - the config API
+from asyncrl.config_args import ConfigError, missing_field, parse_arg  # noqa: F401 - the config API
 from asyncrl.coordinator.admission import ADMISSIONS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
@@ -67,7 +67,7 @@ def with_overrides(config: ml_collections.ConfigDict,
         for part in parents:
             node = node[part]
         if leaf not in node:
-            raise ConfigError(f"config.{dotted}: no such field (have: {', '.join(sorted(node.keys()))})")
+            raise missing_field(dotted, list(node.keys()))
         node[leaf] = value
     return config
 

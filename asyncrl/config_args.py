@@ -16,6 +16,19 @@ class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message names the field."""
 
 
+# Fields that moved, old dotted path -> new: an override of the old one says where to go.
+MOVED_FIELDS = {
+    "schedule": "coordinator.admission",
+}
+
+
+def missing_field(dotted: str, have: list[str]) -> ConfigError:
+    """The error for an override of `dotted`, a field the config does not have."""
+    if dotted in MOVED_FIELDS:
+        return ConfigError(f"config.{dotted} has moved: set config.{MOVED_FIELDS[dotted]} instead")
+    return ConfigError(f"config.{dotted}: no such field (have: {', '.join(sorted(have))})")
+
+
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     """Parses "tiny,eta=2" against typed defaults: a bare word sets a bool default to True."""
     parsed = ml_collections.ConfigDict(defaults)

@@ -156,3 +156,8 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
 def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):
         validate(tiny(**changes), device_count=8)
+
+
+def test_a_moved_field_names_its_new_place():
+    with pytest.raises(ConfigError, match="config.schedule has moved: set config.coordinator.admission"):
+        tiny(schedule="barrier")

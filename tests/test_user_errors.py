@@ -124,8 +124,9 @@ def test_user_error_is_one_line_naming_the_culprit(case, tmp_path, request):
     (["--config=experiments/nope.py"], ["no such config file 'experiments/nope.py'"]),
     (["--config=experiments/grpo.py:tinyy"], ["config argument 'tinyy' is unknown"]),
     (["--workdirr=x"], ["'workdirr'"]),
+    (["--config.schedule=barrier"], ["--config.schedule has moved: use --config.coordinator.admission"]),
 ], ids=["default-config-misspelt-field", "missing-config-file", "unknown-config-argument",
-        "unknown-flag"])
+        "unknown-flag", "moved-field"])
 def test_flag_mistakes_are_named_before_anything_is_imported(args, culprits):
     run = run_asyncrl_main(*args)
     assert run.returncode == EXIT_USER_ERROR, run.stderr[-3000:]
