@@ -22,7 +22,7 @@ from asyncrl.coordinator.routing import ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
-from asyncrl.model import REMAT_POLICIES
+from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.rewards.registry import REWARDS
 

@@ -32,8 +32,6 @@ import pathlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-import grain
-
 from asyncrl.data.arithmetic import Problem
 from asyncrl.errors import UserError
 from asyncrl.rewards.math import gsm8k_reference, last_boxed
@@ -287,6 +285,8 @@ class ShuffledCursor:
         self.shuffle = shuffle
         self.epoch = 0
         self.position = 0
+        import grain  # here: configs name the formats above without loading grain
+
         stream = grain.MapDataset.source(dataset)
         if shuffle:
             # `seed` feeds grain's seed derivation rather than `shuffle(seed=...)`: that one

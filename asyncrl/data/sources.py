@@ -26,7 +26,7 @@ import pathlib
 from typing import Any
 
 from asyncrl.config_args import ConfigError
-from asyncrl.data import math_data, tfds_builders
+from asyncrl.data import math_data
 from asyncrl.data.arithmetic import (KINDS, MIN_SPACE_FOR_HELDOUT, ArithmeticTask,
                                      DistinctProblems, PromptCursor, has_heldout_split,
                                      heldout_part)
@@ -56,6 +56,8 @@ def build_task_data(task, heldout_size: int, workdir: str | pathlib.Path) -> Tas
     it can tell."""
     if task.dataset == "arithmetic":
         return _arithmetic(task, heldout_size)
+    from asyncrl.data import tfds_builders  # TFDS loads slowly; arithmetic runs never need it
+
     data_dir = task.data_dir or pathlib.Path(workdir) / "tfds"
     train = tfds_builders.prepare(task.train_path, task.dataset, data_dir, task.skip_malformed)
     read = tfds_builders.prepare(task.heldout_path, task.dataset, data_dir, task.skip_malformed)

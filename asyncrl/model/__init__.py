@@ -9,72 +9,57 @@
     render = resolve_chat_template("auto", default_policy_path())
 """
 
-from asyncrl.model.chat import (
-    BOXED_SYSTEM_PROMPT,
-    CHAT_TEMPLATE_SETTINGS,
-    END_OF_TURN,
-    ChatTemplate,
-    format_chat,
-    format_chatml,
-    format_llama3,
-    prompt_messages,
-    resolve_chat_template,
-)
-from asyncrl.model.config import ARCHITECTURES, Llama3RopeScaling, ModelConfig
-from asyncrl.model.gguf_loader import load_gguf
-from asyncrl.model.loading import default_policy_path, export_hf, load_hf, load_tokenizer
-from asyncrl.model.sharding import (
-    CACHE_AXES,
-    ShardingRules,
-    auto_mesh,
-    init_sharded,
-    shardings_for,
-)
-from asyncrl.model.transformer import (
-    REMAT_POLICIES,
-    Decoder,
-    KVCache,
-    abstract_params,
-    apply,
-    apply_hidden,
-    graphdef_for,
-    init_params,
-    unembed,
-)
-from asyncrl.model.weights import CheckpointError, hf_tensor_names
+# Resolved on first use (PEP 562): config checks import `asyncrl.model.remat` and
+# `asyncrl.model.chat` for their names without loading JAX through this package.
 
-__all__ = [
-    "ARCHITECTURES",
-    "BOXED_SYSTEM_PROMPT",
-    "CACHE_AXES",
-    "CHAT_TEMPLATE_SETTINGS",
-    "END_OF_TURN",
-    "ChatTemplate",
-    "CheckpointError",
-    "Decoder",
-    "KVCache",
-    "Llama3RopeScaling",
-    "ModelConfig",
-    "REMAT_POLICIES",
-    "ShardingRules",
-    "abstract_params",
-    "apply",
-    "apply_hidden",
-    "auto_mesh",
-    "default_policy_path",
-    "export_hf",
-    "format_chat",
-    "format_chatml",
-    "format_llama3",
-    "graphdef_for",
-    "hf_tensor_names",
-    "init_params",
-    "init_sharded",
-    "load_gguf",
-    "load_hf",
-    "load_tokenizer",
-    "prompt_messages",
-    "resolve_chat_template",
-    "shardings_for",
-    "unembed",
-]
+import importlib
+
+_EXPORTS = {
+    "ARCHITECTURES": "asyncrl.model.config",
+    "BOXED_SYSTEM_PROMPT": "asyncrl.model.chat",
+    "CACHE_AXES": "asyncrl.model.sharding",
+    "CHAT_TEMPLATE_SETTINGS": "asyncrl.model.chat",
+    "ChatTemplate": "asyncrl.model.chat",
+    "Decoder": "asyncrl.model.transformer",
+    "END_OF_TURN": "asyncrl.model.chat",
+    "KVCache": "asyncrl.model.transformer",
+    "Llama3RopeScaling": "asyncrl.model.config",
+    "ModelConfig": "asyncrl.model.config",
+    "ModelFileError": "asyncrl.model.errors",
+    "REMAT_POLICIES": "asyncrl.model.remat",
+    "ShardingRules": "asyncrl.model.sharding",
+    "abstract_params": "asyncrl.model.transformer",
+    "apply": "asyncrl.model.transformer",
+    "apply_hidden": "asyncrl.model.transformer",
+    "auto_mesh": "asyncrl.model.sharding",
+    "default_policy_path": "asyncrl.model.loading",
+    "export_hf": "asyncrl.model.loading",
+    "format_chat": "asyncrl.model.chat",
+    "format_chatml": "asyncrl.model.chat",
+    "format_llama3": "asyncrl.model.chat",
+    "graphdef_for": "asyncrl.model.transformer",
+    "hf_tensor_names": "asyncrl.model.weights",
+    "init_params": "asyncrl.model.transformer",
+    "init_sharded": "asyncrl.model.sharding",
+    "load_gguf": "asyncrl.model.gguf_loader",
+    "load_hf": "asyncrl.model.loading",
+    "load_tokenizer": "asyncrl.model.loading",
+    "prompt_messages": "asyncrl.model.chat",
+    "resolve_chat_template": "asyncrl.model.chat",
+    "shardings_for": "asyncrl.model.sharding",
+    "unembed": "asyncrl.model.transformer",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value  # the next access skips this function
+    return value
+
+
+def __dir__():
+    return __all__

@@ -25,8 +25,7 @@ import jinja2.ext
 import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from asyncrl.model.gguf_loader import open_gguf
-from asyncrl.model.weights import CheckpointError
+from asyncrl.model.errors import ModelFileError
 
 Message = Mapping[str, str]  # {"role": "system" | "user" | "assistant", "content": str}
 Renderer = Callable[[Sequence[Message]], str]  # messages -> prompt text, generation prompt included
@@ -162,12 +161,12 @@ class ChatTemplate:
         try:
             self._template = _JINJA.from_string(text)
         except jinja2.TemplateSyntaxError as e:
-            raise CheckpointError(f"{self.source}: chat template does not parse (template line "
+            raise ModelFileError(f"{self.source}: chat template does not parse (template line "
                                   f"{e.lineno}): {e.message}") from None
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike) -> ChatTemplate:
-        """From a .gguf file or an HF folder; a CheckpointError naming the file if it has none."""
+        """From a .gguf file or an HF folder; a ModelFileError naming the file if it has none."""
         path = Path(path)
         return _from_gguf(path) if path.suffix == ".gguf" else _from_hf_folder(path)
 
@@ -183,22 +182,22 @@ class ChatTemplate:
             raise ValueError(f"{self.source}: chat template: {e}") from None
 
 
-def _no_template(where: str) -> CheckpointError:
-    return CheckpointError(
+def _no_template(where: str) -> ModelFileError:
+    return ModelFileError(
         f"{where}, so the checkpoint has no chat template; name one instead: one of "
         f"{sorted(CHAT_FORMATS)}, or '' for raw prompts")
 
 
 def _from_hf_folder(folder: Path) -> ChatTemplate:
     if not folder.is_dir():
-        raise CheckpointError(f"{folder}: neither a checkpoint folder nor a .gguf file")
+        raise ModelFileError(f"{folder}: neither a checkpoint folder nor a .gguf file")
     config_path = folder / _TOKENIZER_CONFIG
     config = {}
     if config_path.is_file():
         try:
             config = json.loads(config_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise CheckpointError(f"{config_path}: invalid JSON: {e}") from None
+            raise ModelFileError(f"{config_path}: invalid JSON: {e}") from None
     special = {}
     for name in _SPECIAL_TOKENS:
         token = config.get(name)
@@ -218,16 +217,18 @@ def _from_hf_folder(folder: Path) -> ChatTemplate:
     if isinstance(text, list):  # [{"name", "template"}, ...]: transformers renders "default"
         named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
         if "default" not in named:
-            raise CheckpointError(f"{config_path}: chat_template names {sorted(map(str, named))} "
+            raise ModelFileError(f"{config_path}: chat_template names {sorted(map(str, named))} "
                                   "but none is 'default'")
         text = named["default"]
     if not isinstance(text, str):
-        raise CheckpointError(f"{config_path}: chat_template must be a string or a list of "
+        raise ModelFileError(f"{config_path}: chat_template must be a string or a list of "
                               f"{{name, template}}, got {type(text).__name__}")
     return ChatTemplate(text, config_path, special)
 
 
 def _from_gguf(path: Path) -> ChatTemplate:
+    from asyncrl.model.gguf_loader import open_gguf  # JAX-free config checks import this module
+
     reader = open_gguf(path)
     key = gguf.Keys.Tokenizer.CHAT_TEMPLATE
     if key not in reader.fields:

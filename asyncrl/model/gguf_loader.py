@@ -22,7 +22,8 @@ from flax import nnx
 from tokenizers import decoders, models, pre_tokenizers, processors
 
 from asyncrl.model.config import ARCHITECTURES, ModelConfig
-from asyncrl.model.weights import CheckpointError, params_from_hf
+from asyncrl.model.errors import ModelFileError
+from asyncrl.model.weights import params_from_hf
 
 _TOP_LEVEL = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -74,13 +75,13 @@ _CONTROL, _USER_DEFINED = 3, 4  # gguf.TokenType values
 
 
 def open_gguf(path: Path) -> gguf.GGUFReader:
-    """The file's reader; a CheckpointError naming it if it is missing or not GGUF."""
+    """The file's reader; a ModelFileError naming it if it is missing or not GGUF."""
     if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+        raise ModelFileError(f"{path}: file not found")
     try:
         return gguf.GGUFReader(str(path))
     except Exception as e:  # gguf raises ValueError, struct.error, IndexError... on bad bytes
-        raise CheckpointError(f"{path}: not a readable GGUF file: {e}") from None
+        raise ModelFileError(f"{path}: not a readable GGUF file: {e}") from None
 
 
 def load_gguf(path: str | os.PathLike, *, param_dtype: str = "float32"
@@ -92,7 +93,7 @@ def load_gguf(path: str | os.PathLike, *, param_dtype: str = "float32"
     if any(t.name == "rope_freqs.weight" for t in reader.tensors):
         # llama.cpp stores Llama 3.1+ RoPE scaling only as these per-frequency divisors, not
         # as the factors ModelConfig.rope_scaling holds; ignoring them would load a wrong model.
-        raise CheckpointError(f"{path}: tensor 'rope_freqs.weight' (Llama 3 RoPE scaling) is "
+        raise ModelFileError(f"{path}: tensor 'rope_freqs.weight' (Llama 3 RoPE scaling) is "
                               "not supported from GGUF; load the HF checkpoint instead")
     config = _config(meta, reader, param_dtype)
     by_hf_name = {_hf_name(t.name): t for t in reader.tensors}
@@ -104,7 +105,7 @@ def load_gguf(path: str | os.PathLike, *, param_dtype: str = "float32"
         try:
             weights = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
         except NotImplementedError as e:
-            raise CheckpointError(f"{path}: tensor {tensor.name!r}: {e}") from None
+            raise ModelFileError(f"{path}: tensor {tensor.name!r}: {e}") from None
         if config.architecture == "llama":
             if name.endswith(("self_attn.q_proj.weight", "self_attn.q_proj.bias")):
                 weights = _unpermute(weights, config.num_heads)
@@ -140,21 +141,21 @@ class _Metadata:
 
     def need(self, key: str):
         if key not in self._fields:
-            raise CheckpointError(f"{self.path}: GGUF metadata key {key!r} is missing")
+            raise ModelFileError(f"{self.path}: GGUF metadata key {key!r} is missing")
         return self._fields[key].contents()
 
 
 def _config(meta: _Metadata, reader: gguf.GGUFReader, param_dtype: str) -> ModelConfig:
     arch = meta.need("general.architecture")
     if arch not in ARCHITECTURES:
-        raise CheckpointError(f"{meta.path}: unknown architecture {arch!r} in "
+        raise ModelFileError(f"{meta.path}: unknown architecture {arch!r} in "
                               f"general.architecture; supported: {sorted(ARCHITECTURES)}")
     heads = int(meta.need(f"{arch}.attention.head_count"))
     hidden = int(meta.need(f"{arch}.embedding_length"))
     tokens = meta.get("tokenizer.ggml.tokens")
     vocab = meta.get(f"{arch}.vocab_size") or (len(tokens) if tokens else None)
     if vocab is None:
-        raise CheckpointError(f"{meta.path}: neither {arch}.vocab_size nor tokenizer tokens")
+        raise ModelFileError(f"{meta.path}: neither {arch}.vocab_size nor tokenizer tokens")
     eos = meta.get("tokenizer.ggml.eos_token_id")
     try:
         return ModelConfig(
@@ -177,7 +178,7 @@ def _config(meta: _Metadata, reader: gguf.GGUFReader, param_dtype: str) -> Model
             eos_token_ids=() if eos is None else (int(eos),),
         )
     except ValueError as e:
-        raise CheckpointError(f"{meta.path}: {e}") from None
+        raise ModelFileError(f"{meta.path}: {e}") from None
 
 
 def _f32(value) -> float:
@@ -189,11 +190,11 @@ def _tokenizer(meta: _Metadata) -> tokenizers.Tokenizer:
     """Rebuilds the byte-level BPE tokenizer.json that the GGUF was converted from."""
     kind = meta.need("tokenizer.ggml.model")
     if kind != "gpt2":
-        raise CheckpointError(f"{meta.path}: tokenizer.ggml.model {kind!r} is not supported; "
+        raise ModelFileError(f"{meta.path}: tokenizer.ggml.model {kind!r} is not supported; "
                               "only byte-level BPE ('gpt2')")
     pre = meta.get("tokenizer.ggml.pre", "default")
     if pre not in _PRE_TOKENIZERS:
-        raise CheckpointError(f"{meta.path}: tokenizer.ggml.pre {pre!r} is not supported; "
+        raise ModelFileError(f"{meta.path}: tokenizer.ggml.pre {pre!r} is not supported; "
                               f"supported: {sorted(_PRE_TOKENIZERS)}")
     tokens = meta.need("tokenizer.ggml.tokens")
     types = meta.get("tokenizer.ggml.token_type") or [1] * len(tokens)

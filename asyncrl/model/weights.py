@@ -17,13 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from asyncrl.errors import UserError
 from asyncrl.model.config import ModelConfig
+from asyncrl.model.errors import ModelFileError
 from asyncrl.model.transformer import abstract_params
-
-
-class CheckpointError(UserError, ValueError):
-    """A checkpoint that cannot be loaded; the message names the file and the tensor."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,10 +106,10 @@ def params_from_hf(config: ModelConfig, get: Callable[[str], np.ndarray | None],
             name = entry.hf_name.format(i=i)
             tensor = get(name)
             if tensor is None:
-                raise CheckpointError(f"{source}: missing tensor {name!r} (expected shape "
+                raise ModelFileError(f"{source}: missing tensor {name!r} (expected shape "
                                       f"{expected}) for a {config.architecture} model")
             if tuple(tensor.shape) != expected:
-                raise CheckpointError(f"{source}: tensor {name!r} has shape "
+                raise ModelFileError(f"{source}: tensor {name!r} has shape "
                                       f"{tuple(tensor.shape)}, expected {expected}")
             layers.append(_to_ours(entry, np.asarray(tensor), one).astype(dtype))
         value = np.stack(layers) if entry.per_layer else layers[0]

@@ -10,7 +10,7 @@ from tokenizers import decoders, models, pre_tokenizers
 from asyncrl.model import (
     BOXED_SYSTEM_PROMPT,
     ChatTemplate,
-    CheckpointError,
+    ModelFileError,
     default_policy_path,
     format_chatml,
     format_llama3,
@@ -155,7 +155,7 @@ def test_template_file_and_named_list(tmp_path):
     assert ChatTemplate.from_checkpoint(folder).render(CONVERSATIONS[2]) == \
         reference(folder, CONVERSATIONS[2])
     folder = hf_folder(tmp_path / "nodefault", [{"name": "tool_use", "template": QWEN2_5}])
-    with pytest.raises(CheckpointError,
+    with pytest.raises(ModelFileError,
                        match=r"tokenizer_config\.json: .*\['tool_use'\].*'default'"):
         ChatTemplate.from_checkpoint(folder)
 
@@ -214,26 +214,26 @@ def test_resolve_named_and_raw(tmp_path):
 
 def test_auto_without_template_names_the_file(tmp_path):
     folder = hf_folder(tmp_path / "hf", eos_token="<|im_end|>")
-    with pytest.raises(CheckpointError, match=rf"{folder / 'tokenizer_config.json'}: no "
+    with pytest.raises(ModelFileError, match=rf"{folder / 'tokenizer_config.json'}: no "
                        r"'chat_template' key.*one of \['chatml', 'llama3'\], or '' for raw"):
         resolve_chat_template("auto", folder)
     (folder / "tokenizer_config.json").unlink()
-    with pytest.raises(CheckpointError, match=r"tokenizer_config\.json: file not found, so the "
+    with pytest.raises(ModelFileError, match=r"tokenizer_config\.json: file not found, so the "
                        "checkpoint has no chat template"):
         resolve_chat_template("auto", folder)
     path = write_gguf(tmp_path / "bare.gguf")
-    with pytest.raises(CheckpointError, match=rf"{path}: no GGUF metadata key "
+    with pytest.raises(ModelFileError, match=rf"{path}: no GGUF metadata key "
                        r"'tokenizer.chat_template'.*\['chatml', 'llama3'\]"):
         resolve_chat_template("auto", path)
 
 
 def test_template_errors_name_the_file(tmp_path):
     folder = hf_folder(tmp_path / "hf", "{% for m in messages %}\n{{ m.content }")
-    with pytest.raises(CheckpointError, match=rf"{folder / 'tokenizer_config.json'}: chat "
+    with pytest.raises(ModelFileError, match=rf"{folder / 'tokenizer_config.json'}: chat "
                        r"template does not parse \(template line 2\)"):
         ChatTemplate.from_checkpoint(folder)
     path = write_gguf(tmp_path / "bad.gguf", "{% if messages %}")
-    with pytest.raises(CheckpointError, match=rf"{path} \(tokenizer.chat_template\): chat "
+    with pytest.raises(ModelFileError, match=rf"{path} \(tokenizer.chat_template\): chat "
                        "template does not parse"):
         ChatTemplate.from_checkpoint(path)
     # raise_exception() is how templates reject a conversation; the error says whose template.

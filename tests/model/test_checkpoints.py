@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from asyncrl.model import (
-    CheckpointError,
+    ModelFileError,
     apply,
     export_hf,
     graphdef_for,
@@ -69,7 +69,7 @@ def test_load_gguf_matches_transformers(family, tokens, tokenizer, tmp_path):
     name, model, folder, expected = family
     path = checkpoints.write_gguf(model, tokenizer, tmp_path / f"{name}.gguf")
     if name == "llama3_rope":
-        with pytest.raises(CheckpointError, match=r"tensor 'rope_freqs\.weight' \(Llama 3 RoPE"):
+        with pytest.raises(ModelFileError, match=r"tensor 'rope_freqs\.weight' \(Llama 3 RoPE"):
             load_gguf(path)
         return
     config, params, gguf_tokenizer = load_gguf(path)
@@ -110,7 +110,7 @@ def _rewrite(folder, change):
 
 def test_missing_tensor(llama_copy):
     _rewrite(llama_copy, lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
-    with pytest.raises(CheckpointError, match=r"ckpt: missing tensor "
+    with pytest.raises(ModelFileError, match=r"ckpt: missing tensor "
                        r"'model\.layers\.1\.mlp\.up_proj\.weight' \(expected shape \(96, 64\)\)"):
         load_hf(llama_copy)
 
@@ -119,7 +119,7 @@ def test_shape_mismatch(llama_copy):
     def shrink(t):
         t["model.layers.0.self_attn.k_proj.weight"] = np.zeros((16, 64), np.float32)
     _rewrite(llama_copy, shrink)
-    with pytest.raises(CheckpointError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' "
+    with pytest.raises(ModelFileError, match=r"'model\.layers\.0\.self_attn\.k_proj\.weight' "
                        r"has shape \(16, 64\), expected \(32, 64\)"):
         load_hf(llama_copy)
 
@@ -129,7 +129,7 @@ def test_unknown_architecture(llama_copy):
     hf = json.loads(path.read_text())
     hf.update(architectures=["MambaForCausalLM"], model_type="mamba")
     path.write_text(json.dumps(hf))
-    with pytest.raises(CheckpointError, match=r"config\.json: unknown architecture: "
+    with pytest.raises(ModelFileError, match=r"config\.json: unknown architecture: "
                        r"architectures=\['MambaForCausalLM'\].*supported: \['LlamaForCausalLM'"):
         load_hf(llama_copy)
 
@@ -138,16 +138,16 @@ def test_truncated_safetensors(llama_copy):
     path = llama_copy / "model.safetensors"
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"model\.safetensors: not a readable safetensors "
+    with pytest.raises(ModelFileError, match=r"model\.safetensors: not a readable safetensors "
                        r"file \(truncated or corrupt\?\)"):
         load_hf(llama_copy)
 
 
 def test_missing_files(llama_copy, tmp_path):
     (llama_copy / "tokenizer.json").unlink()
-    with pytest.raises(CheckpointError, match=r"tokenizer\.json: tokenizer file not found"):
+    with pytest.raises(ModelFileError, match=r"tokenizer\.json: tokenizer file not found"):
         load_hf(llama_copy)
-    with pytest.raises(CheckpointError, match=r"config\.json: file not found"):
+    with pytest.raises(ModelFileError, match=r"config\.json: file not found"):
         load_hf(tmp_path / "nowhere")
 
 
@@ -167,7 +167,7 @@ def test_sharded_checkpoint(llama_copy, tokens):
     config, params, _ = load_hf(llama_copy)
     np.testing.assert_array_equal(_logits(config, params, tokens), expected)
     shutil.move(llama_copy / "model-00002-of-00002.safetensors", llama_copy / "elsewhere")
-    with pytest.raises(CheckpointError, match=r"model-00002-of-00002\.safetensors: shard listed"):
+    with pytest.raises(ModelFileError, match=r"model-00002-of-00002\.safetensors: shard listed"):
         load_hf(llama_copy)
 
 
@@ -175,5 +175,5 @@ def test_truncated_gguf(tmp_path, tokenizer):
     model = checkpoints.build_hf_model("qwen3", tokenizer.get_vocab_size())
     path = checkpoints.write_gguf(model, tokenizer, tmp_path / "m.gguf")
     path.write_bytes(path.read_bytes()[:5000])
-    with pytest.raises(CheckpointError, match=r"m\.gguf: not a readable GGUF file"):
+    with pytest.raises(ModelFileError, match=r"m\.gguf: not a readable GGUF file"):
         load_gguf(path)

@@ -1,0 +1,154 @@
+"""The layering the design promises, read from the source: which package may import which,
+no import cycles, and a config check that loads no JAX.
+
+    staleness ← servers ← coordinator ← drivers, sim ← run ← main
+    model ← rollout;  model ← train;  the coordinator knows no JAX, no threads, no model
+"""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "asyncrl"
+SHARED = {"asyncrl.registry", "asyncrl.errors", "asyncrl.config_args", "asyncrl.jsonfile",
+          "asyncrl.cli"}  # import-light leaves any layer may use
+HEAVY = {"jax", "flax", "optax", "orbax", "threading"}
+
+# layer -> (asyncrl modules it may import besides itself and SHARED, third-party it may not)
+RULES = {
+    "asyncrl.staleness": (set(), HEAVY - {"threading"} | {"numpy"}),
+    "asyncrl.servers": ({"asyncrl.staleness"}, set()),
+    "asyncrl.coordinator": ({"asyncrl.staleness", "asyncrl.servers.trajectory"}, HEAVY),
+    "asyncrl.model": (set(), set()),
+    "asyncrl.rollout": ({"asyncrl.model"}, set()),
+    "asyncrl.train": ({"asyncrl.model"}, set()),
+    "asyncrl.rewards": (set(), {"jax", "flax"}),
+    "asyncrl.data": ({"asyncrl.rewards"}, {"jax", "flax"}),
+    "asyncrl.sim": ({"asyncrl.coordinator", "asyncrl.servers.trajectory", "asyncrl.staleness",
+                     "asyncrl.metrics"}, {"jax", "flax", "optax", "orbax"}),
+    "asyncrl.drivers": ({"asyncrl.coordinator", "asyncrl.servers", "asyncrl.staleness",
+                         "asyncrl.rollout", "asyncrl.model", "asyncrl.rewards", "asyncrl.policy",
+                         "asyncrl.train.checkpoint", "asyncrl.data"}, set()),
+}
+
+
+def module_name(path: pathlib.Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: pathlib.Path, top_level_only: bool = False) -> set[str]:
+    """Every module `path` imports (`from a import b` counts a.b when a.b is a module)."""
+    tree = ast.parse(path.read_text(), str(path))
+    nodes = tree.body if top_level_only else ast.walk(tree)
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                if (PACKAGE.parent / candidate.replace(".", "/")).with_suffix(".py").exists() or \
+                        (PACKAGE.parent / candidate.replace(".", "/") / "__init__.py").exists():
+                    found.add(candidate)
+    return found
+
+
+def modules() -> dict[str, pathlib.Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def within(name: str, prefixes) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def violations() -> list[str]:
+    found = []
+    for name, path in modules().items():
+        for layer, (allowed, banned) in RULES.items():
+            if not within(name, [layer]):
+                continue
+            for imported in sorted(imports(path)):
+                top = imported.split(".")[0]
+                if top in banned:
+                    found.append(f"{name} imports {imported}")
+                elif top == "asyncrl" and imported != "asyncrl" and not within(
+                        imported, {layer} | allowed | SHARED):
+                    found.append(f"{name} imports {imported}")
+    return found
+
+
+def cycles() -> list[list[str]]:
+    """Strongly connected components of the module-level import graph with > 1 module."""
+    graph = {name: {i for i in imports(path, top_level_only=True) if i in modules()}
+             for name, path in modules().items()}
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+
+    def visit(v):  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_package_imports_across_a_forbidden_arrow():
+    assert violations() == []
+
+
+def test_no_import_cycles():
+    # A package's __init__ importing its own modules is not a cycle unless they import it back.
+    assert cycles() == []
+
+
+def test_the_rules_catch_a_forbidden_import(tmp_path, monkeypatch):
+    """The checker itself can fail: a coordinator module that imports JAX or the model is
+    reported (run on a copy of the package with one such module added)."""
+    copy = tmp_path / "asyncrl"
+    import shutil
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "coordinator" / "bad.py").write_text("import jax\nfrom asyncrl.model import apply\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+    assert violations() == ["asyncrl.coordinator.bad imports asyncrl.model",
+                            "asyncrl.coordinator.bad imports jax"]
+
+
+# The model package's import-light modules: the names a config is checked against.
+LIGHT_MODEL_MODULES = {"asyncrl.model", "asyncrl.model.chat", "asyncrl.model.errors",
+                       "asyncrl.model.remat"}
+
+
+@pytest.mark.parametrize("module", ["asyncrl.config", "asyncrl.coordinator.core",
+                                    "asyncrl.staleness", "asyncrl.sim.config"])
+def test_validating_a_config_and_the_core_load_no_jax_and_no_model(module):
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import sys, {module}; print(sorted(m for m in sys.modules "
+                               "if m.split('.')[0] in ('jax', 'flax', 'grain', 'orbax') "
+                               f"or m.startswith('asyncrl.model') and m not in {LIGHT_MODEL_MODULES!r}))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
