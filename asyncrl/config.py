@@ -156,6 +156,6 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
     if config.coordinator.routing == "throughput_optimal" and not os.path.isfile(config.coordinator.latency_model):
         _fail("coordinator.latency_model", config.coordinator.latency_model,
-              "throughput_optimal routing needs the JSON fitted by python -m asyncrl.tools.profile_engine")
+              "throughput_optimal routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")

@@ -70,7 +70,7 @@ def load_params(c, checkpoint: str):
 def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
     from asyncrl import config as config_lib
     from asyncrl.data.sources import build_task_data
-    from asyncrl.evaluation import Evaluator, describe
+    from asyncrl.accuracy import Evaluator, describe
     from asyncrl.model import graphdef_for
     from asyncrl.policy import encode
 

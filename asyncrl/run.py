@@ -24,7 +24,7 @@ from asyncrl.coordinator.core import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested
-from asyncrl.evaluation import Evaluator
+from asyncrl.accuracy import Evaluator
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
 from asyncrl.placement import place
@@ -33,7 +33,7 @@ from asyncrl.progress import Progress
 from asyncrl.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.losses import LossConfig
-from asyncrl.train.metrics import LateMetrics
+from asyncrl.train.late_metrics import LateMetrics
 from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ model, greedy per-instance sync with partial rollout, migration, η = 2.
     python -m asyncrl.main --config=experiments/staleflow.py:tiny --workdir=/tmp/staleflow
 
 The latency model is fitted on this kind of machine by
-`python -m asyncrl.tools.profile_engine` (see asyncrl/sim/profiles/).
+`python benchmarks/profile_engine.py` (see asyncrl/sim/profiles/).
 """
 
 import pathlib

@@ -1,6 +1,6 @@
 """A simulator profile and a response-length histogram measured on a run of the real system.
 
-`python -m asyncrl.tools.profile_engine` times the engine alone. A run of the whole system
+`python benchmarks/profile_engine.py` times the engine alone. A run of the whole system
 also pays for the instance loop in Python, the trajectory server, the reward pool and the
 threads sharing the host, and those costs are what the simulator must reproduce to predict
 the system on this machine. A synchronous run (η = 0, barrier) measures them one at a time:

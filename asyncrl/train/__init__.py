@@ -8,7 +8,7 @@ from asyncrl.train.checkpoint import (
     restore_or_init,
 )
 from asyncrl.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, LossConfig
-from asyncrl.train.metrics import LateMetrics, check_finite
+from asyncrl.train.late_metrics import LateMetrics, check_finite
 from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer, TrainState, trainer_mesh
 
 __all__ = [

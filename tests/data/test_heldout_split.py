@@ -10,7 +10,7 @@ from asyncrl.data.arithmetic import (KINDS, MIN_SPACE_FOR_HELDOUT, ArithmeticTas
                                      DistinctProblems, PromptCursor, heldout_part)
 from asyncrl.data.heldout import HELDOUT, TRAIN_SET
 from asyncrl.data.sources import build_task_data
-from asyncrl.evaluation import EvalResult, describe
+from asyncrl.accuracy import EvalResult, describe
 
 SEEDS = (0, 1, 2, 3, 4)
 TRAIN_DRAWS = 5_000  # per kind, spread over SEEDS

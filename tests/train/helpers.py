@@ -7,7 +7,7 @@ import numpy as np
 from asyncrl.model import ModelConfig
 from asyncrl.staleness import BufferStatus, StalenessManager
 from asyncrl.train.checkpoint import ResumeData, restore_or_init
-from asyncrl.train.metrics import LateMetrics
+from asyncrl.train.late_metrics import LateMetrics
 from asyncrl.train.losses import LossConfig
 from asyncrl.train.trainer import TrainBatch, TrainConfig
 

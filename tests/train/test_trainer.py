@@ -9,7 +9,7 @@ import pytest
 
 from asyncrl.model import apply, apply_hidden
 from asyncrl.train import losses
-from asyncrl.train.metrics import LateMetrics
+from asyncrl.train.late_metrics import LateMetrics
 from asyncrl.train import trainer as trainer_module
 from asyncrl.train.trainer import FSDP, Trainer, TrainConfig, _token_logprobs, trainer_mesh
 from tests.train.helpers import CONFIG, MODEL, G, make_batch

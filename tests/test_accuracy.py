@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.data.heldout import HELDOUT, TRAIN_SET
 from asyncrl.data.sources import build_task_data
-from asyncrl.evaluation import EvalResult, Evaluator, describe, pass_at_k
+from asyncrl.accuracy import EvalResult, Evaluator, describe, pass_at_k
 
 
 def closed_form(n, c, k):

@@ -1,4 +1,4 @@
-"""A walk through the staleness protocol on a virtual clock: python -m asyncrl.staleness.demo
+"""A walk through the staleness protocol on a virtual clock: python examples/staleness_demo.py
 
 Rollout instances generate GRPO groups whose lengths have a long tail, pull new weights as
 soon as the trainer publishes them, and the trainer consumes one READY buffer per step. Each

@@ -1,8 +1,8 @@
 r"""Measures the rollout engine on this machine and fits the coordinator's step-latency model.
 
-  python -m asyncrl.tools.profile_engine --model=tiny \
+  python benchmarks/profile_engine.py --model=tiny \
       --out=asyncrl/sim/profiles/cpu_tiny.json                       # ~1 min on 2 CPU cores
-  python -m asyncrl.tools.profile_engine --checkpoint=embedded \
+  python benchmarks/profile_engine.py --checkpoint=embedded \
       --out=asyncrl/sim/profiles/cpu_smollm2_135m.json               # ~3 min on 2 CPU cores
 
 Prints the fitted `t = a + b·kv_tokens + max(c, d + e·running)`, its leave-one-out relative
@@ -216,7 +216,7 @@ def profile(model: str | None, checkpoint: str | None, *, num_slots: int, max_le
     per_token = float(np.sum(p_len * p_sec) / np.sum(p_len * p_len))
     hardware = _hardware()
     source = (
-        f"Measured by python -m asyncrl.tools.profile_engine on {datetime.date.today()} with "
+        f"Measured by python benchmarks/profile_engine.py on {datetime.date.today()} with "
         f"jax {jax.__version__}, {hardware}. Model {name} ({config.param_dtype} weights). "
         f"Decode: a real rollout Engine per grid point (num_slots r in {running}, max_len S "
         f"in {lengths}), all r slots running, the median of {steps} generate+pop_finished "

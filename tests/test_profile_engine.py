@@ -1,13 +1,20 @@
 """The engine profiler end to end: measure a tiny grid, fit, write a loadable latency model."""
 
+import importlib.util
 import json
+import pathlib
 
 import pytest
 from absl import flags
 from absl.testing import flagsaver
 
 from asyncrl.coordinator.latency import LatencyModel
-from asyncrl.tools import profile_engine
+
+# A script beside the benchmarks, loaded from its file (benchmarks/ is not a package).
+_SPEC = importlib.util.spec_from_file_location(
+    "profile_engine", pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "profile_engine.py")
+profile_engine = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(profile_engine)
 
 RUNNING, LENGTHS = (2, 32), (16, 128)  # kv_tokens 32 .. 4096: its cost stands out of the noise
 

@@ -1,1 +1,0 @@
-"""asyncrl.distributed."""
