@@ -1,6 +1,6 @@
 """The global consistency protocol: reserve / occupy / consume over per-version virtual buffers.
 
-Terms (see ../shared/DESIGN.md):
+Terms (see docs/design.md):
   version   number of training steps done; the trainer next consumes buffer `version`.
   eta       the staleness bound η.
   B         batch_size: entries the trainer consumes per step.
