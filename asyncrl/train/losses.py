@@ -189,6 +189,18 @@ def decoupled_ppo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyT
     return PolicyTerms(w * loss, clipped, w, dropped)
 
 
+@register_loss("uncorrected", eps=(0.2, 0.28))
+def uncorrected_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
+    """A negative control: the DAPO clip against the trainer's own log-probs (π_prox, the
+    weights before this update) instead of the behaviour policy that sampled the tokens.
+    With one update per batch the ratio is 1: stale samples get no correction and no trust
+    region. It exists to show that the behaviour log-probs matter; never train with it."""
+    del tis_cap  # nothing to truncate: there is no importance weight
+    ratio = jnp.exp(_masked(inp.logp - inp.proximal_logp, inp.mask))
+    loss, clipped = _clip_objective(ratio, inp.advantages, eps_low, eps_high)
+    return PolicyTerms(loss, clipped, *_applied_weight(ratio, None))
+
+
 @register_loss("gspo", eps=(3e-4, 4e-4))
 def gspo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
     """GSPO: one length-normalised ratio per sequence, clipped per sequence.

@@ -59,6 +59,11 @@ def np_policy(name, logp, prox, behaviour, adv, mask, eps_low, eps_high, cap):
         objective = np.minimum(ratio * A, np.clip(ratio, 1 - eps_low, 1 + eps_high) * A)
         clipped = ((A > 0) & (ratio > 1 + eps_high)) | ((A < 0) & (ratio < 1 - eps_low))
         return -w * objective, clipped, w
+    if name == "uncorrected":  # the control: π_prox stands in for the behaviour policy
+        ratio = np.exp(logp - prox)
+        objective = np.minimum(ratio * A, np.clip(ratio, 1 - eps_low, 1 + eps_high) * A)
+        clipped = ((A > 0) & (ratio > 1 + eps_high)) | ((A < 0) & (ratio < 1 - eps_low))
+        return -objective, clipped, ratio
     if name == "gspo":
         lengths = np.maximum(mask.sum(1, keepdims=True), 1)
         ratio = np.exp((mask * (logp - behaviour)).sum(1, keepdims=True) / lengths) * np.ones_like(logp)
@@ -155,7 +160,7 @@ def test_single_update_never_clips_against_the_proximal_policy():
     assert not np.asarray(aux["clipped"]).any()
 
 
-@pytest.mark.parametrize("name", losses.POLICY_LOSSES.names())
+@pytest.mark.parametrize("name", [n for n in losses.POLICY_LOSSES.names() if n != "uncorrected"])
 def test_tis_weights_never_exceed_cap(name):
     rng = np.random.default_rng(4)
     behaviour = -rng.uniform(0.1, 8.0, (B, T)).astype(np.float32)
@@ -166,6 +171,17 @@ def test_tis_weights_never_exceed_cap(name):
     w = np.asarray(aux["is_weight"])
     assert w.max() <= 1.5 and np.asarray(aux["is_truncated"]).any()
     assert np.isfinite(w).all()
+
+
+def test_the_uncorrected_control_ignores_the_behaviour_policy():
+    # However stale the samples, one update's ratio against π_prox = θ is 1: no correction.
+    logp, behaviour, mask, _, adv = _inputs(6, spread=3.0)
+    cfg = LossConfig(policy_loss="uncorrected", tis_cap=1.5)
+    loss, aux = losses.token_terms(cfg, jnp.asarray(logp), jnp.asarray(behaviour), jnp.asarray(adv), jnp.asarray(mask))
+    on = mask > 0
+    np.testing.assert_allclose(np.asarray(aux["is_weight"])[on], 1.0)
+    assert not np.asarray(aux["clipped"]).any() and not np.asarray(aux["is_truncated"]).any()
+    np.testing.assert_allclose(np.asarray(loss)[on], -np.broadcast_to(adv[:, None], logp.shape)[on], rtol=1e-6)
 
 
 def test_padding_with_infinite_logprobs_stays_finite():
