@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from asyncrl.data.heldout import EVAL_LABELS, HELDOUT
@@ -176,8 +178,76 @@ class Evaluator:
             samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
             eval_label=self.eval_label)
         self.seconds += result.seconds
-        log.info("%s: %s", label, describe(result))
         return result
+
+
+class BackgroundEvaluator:
+    """Runs an Evaluator on its own thread, so periodic evaluation never holds the trainer.
+
+    `submit(version, params)` copies the weights (the next train step donates them) and
+    returns at once; `results()` hands back what finished since the last call, each with the
+    version it evaluated. If a new evaluation is submitted while one is still waiting to
+    start, the older one is skipped (and counted): evaluation falls behind, never memory.
+    """
+
+    def __init__(self, evaluate: Evaluator):
+        self.evaluate = evaluate
+        self.skipped = 0
+        self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        self._waiting: tuple[int, Any] | None = None
+        self._finished: list[tuple[int, EvalResult]] = []
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread = threading.Thread(target=self._run, name="evaluation", daemon=True)
+        self._thread.start()
+
+    def submit(self, version: int, params) -> None:
+        copy = self._copy(params)
+        with self._cond:
+            self._raise_failure()
+            if self._waiting is not None:
+                self.skipped += 1
+                log.warning("evaluation of version %d skipped: version %d is due and the "
+                            "evaluator is still busy", self._waiting[0], version)
+            self._waiting = (version, copy)
+            self._cond.notify_all()
+
+    def results(self) -> list[tuple[int, EvalResult]]:
+        with self._cond:
+            self._raise_failure()
+            done, self._finished = self._finished, []
+            return done
+
+    def close(self) -> list[tuple[int, EvalResult]]:
+        """Finishes what was submitted, stops the thread; returns the last results."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join()
+        return self.results()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the evaluation thread failed") from self._error
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._waiting is None and not self._closing:
+                    self._cond.wait()
+                if self._waiting is None:
+                    return
+                (version, params), self._waiting = self._waiting, None
+            try:
+                result = self.evaluate(params, version, f"version {version}")
+            except BaseException as error:  # surfaces in the trainer's next call
+                log.exception("evaluation of version %d failed", version)
+                with self._cond:
+                    self._error = error
+                return
+            with self._cond:
+                self._finished.append((version, result))
 
 
 def describe(result: EvalResult) -> str:

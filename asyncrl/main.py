@@ -25,21 +25,17 @@ _CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get
 _WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
 
 
-class _QuietLibraries:
-    """Orbax logs a dozen INFO lines per checkpoint; keep its warnings, drop its chatter."""
-
-    def filter(self, record) -> bool:
-        return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
-
-
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if not flags.FLAGS["verbosity"].present:
+        # The console shows the progress bar, the evaluations and the result; the libraries'
+        # INFO lines (Orbax writes a dozen per checkpoint) appear with --verbosity=0.
+        logging.set_verbosity(logging.WARNING)
     import jax  # here, not at the top: a bad flag is reported without waiting for JAX
 
     from asyncrl.run import run
 
-    logging.get_absl_handler().addFilter(_QuietLibraries())
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
                  jax.devices())
     stop = threading.Event()

@@ -27,6 +27,10 @@ class Progress:
                                if isinstance(figures.get(name), (int, float))}, refresh=False)
         self._bar.update(step - self._bar.n)
 
+    def note(self, text: str) -> None:
+        """A line above the bar (evaluations, resumes): what a user should see without -v."""
+        tqdm.write(text, file=sys.stderr)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()

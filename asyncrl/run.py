@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import pathlib
+import sys
 import threading
 from typing import Any, Callable
 
@@ -24,7 +25,7 @@ from asyncrl.coordinator.core import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested
-from asyncrl.accuracy import Evaluator
+from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
 from asyncrl.placement import place
@@ -66,27 +67,42 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
     # ---------------------------------------------------------------- restore
     # 1. the latest checkpoint in workdir  2. scratch: the configured policy's weights.
+    progress = Progress(c.train.steps)
     ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
                                                   initial_params=policy.params)
-    log.info("train: %s", source)
+    progress.note(f"train: {source}")
     if resume is not None:
         rollouts.restore(resume)
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     if "before" not in results:
-        results["before"] = dataclasses.asdict(evaluate(state.params, step, "before"))
+        before = evaluate(state.params, step, "before")
+        progress.note(f"before: {describe(before)}")
+        results["before"] = dataclasses.asdict(before)
         results_path.write_text(json.dumps(results, indent=2))
 
     # ---------------------------------------------------------------- start rollouts
-    chrono, late, progress = Chrono(), LateMetrics(), Progress(c.train.steps)
+    chrono, late = Chrono(), LateMetrics()
+    # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
+    background = BackgroundEvaluator(evaluate)
     batch_figures: dict[int, dict[str, Any]] = {}  # step -> its batch's figures, until logged
-    evals: dict[int, dict[str, float]] = {}  # step -> figures of the evaluation after it
+    evals: dict[str, float] = {}  # the latest finished evaluation's figures, until logged
     rollout_tokens = 0
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
     writer = MetricsWriter(workdir)
     progress.start(step)
     rollouts.start(state.params, step)
+
+    published_at: dict[int, float] = {}  # version -> the run's wall seconds when it existed
+
+    def collect_evaluations(finished) -> None:
+        for version, result in finished:
+            progress.note(f"version {version}: {describe(result)}")
+            evals.update(result.as_dict("eval"), eval_version=version)
+            results.setdefault("evals", []).append(
+                {"step": version, "trained_s": published_at.pop(version),
+                 "wall_s": chrono.wall_s(), **dataclasses.asdict(result)})
 
     def log_step(done: tuple[int, dict[str, float]] | None) -> None:
         nonlocal rollout_tokens
@@ -95,9 +111,12 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         logged, metrics = done
         figures = batch_figures.pop(logged)
         rollout_tokens += figures["rollout_tokens"]
+        collect_evaluations(background.results())
         scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
                    **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
-                   **rollouts.figures(), **chrono.figures(), **evals.pop(logged, {})}
+                   **rollouts.figures(), **chrono.figures(), "eval_s": evaluate.seconds,
+                   "evals_skipped": background.skipped, **evals}
+        evals.clear()
         writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
                      {k: figures[k] for k in ("entries", "batch_digest")})
         progress.update(logged, scalars)
@@ -119,11 +138,8 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             batch_figures[step] = describe_batch(batch, train_batch)
             rollouts.publish(step, state.params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                chrono.phase("eval")
-                result = evaluate(state.params, step, f"step {step}")
-                evals[step] = result.as_dict("eval")
-                results.setdefault("evals", []).append(
-                    {"step": step, "wall_s": chrono.wall_s(), **dataclasses.asdict(result)})
+                published_at[step] = results.get("wall_s", 0.0) + chrono.wall_s()
+                background.submit(step, state.params)
             log_step(late.push(step, metrics))
             if stop.is_set() or step % checkpoint_every == 0 or step == c.train.steps:
                 chrono.phase("checkpoint")
@@ -138,6 +154,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     finally:
         chrono.phase(None)
         rollouts.stop()
+        collect_evaluations(background.close())
         ckpt.close()
         progress.close()
         writer.close()
@@ -148,7 +165,9 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
         return results
-    results["after"] = dataclasses.asdict(evaluate(state.params, step, "after"))
+    after = evaluate(state.params, step, "after")
+    print(f"after: {describe(after)}", file=sys.stderr)
+    results["after"] = dataclasses.asdict(after)
     results["steps"] = step
     results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
     results["wall_s"] = results.get("wall_s", 0.0) + chrono.wall_s()

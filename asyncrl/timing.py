@@ -5,7 +5,6 @@ the next, so the phases add up to the wall time:
 
     chrono.phase("wait")   # for a READY batch: the trainer's idle time
     chrono.phase("step")   # the train step and the weight push
-    chrono.phase("eval")   # periodic evaluation (on the trainer's time)
     chrono.phase("checkpoint")
 """
 
@@ -36,11 +35,10 @@ class Chrono:
         return time.perf_counter() - self.start
 
     def figures(self) -> dict[str, float]:
-        """The trainer's busy fraction, mean step time (push included) and evaluation time."""
+        """The trainer's busy fraction and mean step time (push included)."""
         wall = max(self.wall_s(), 1e-9)
         return {
             "wall_s": wall,
             "trainer_busy_frac": 1.0 - self.seconds["wait"] / wall,
             "trainer_step_s_mean": self.seconds["step"] / max(self.entered["step"], 1),
-            "eval_s": self.seconds["eval"],
         }
