@@ -41,3 +41,17 @@ def test_sim_paper_benchmark(tmp_path):
     assert result["staleflow_vs"].keys() == {"verl", "areal", "roll", "slime", "sync"}
     assert result["max_staleness"]["staleflow"] <= 2  # the benchmark's η
     assert 0 < result["coordinator_s_per_step"] < result["modelled_step_s"]
+
+
+def test_learning_benchmark(tmp_path):
+    # One seed of each variant on the tiny config, 4 steps: the JSON the README quotes.
+    result = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
+                        "--override=--config.eval.heldout_size=8", f"--workdir={tmp_path}",
+                        f"--plot={tmp_path / 'learning.png'}")
+    assert {"time_to_target_s", "speedup_median", "final_accuracy", "target"} <= result.keys()
+    assert result["final_accuracy"].keys() == {"staleflow", "sync", "control"}
+    assert result["accuracy_label"] == "train-set"  # the tiny task is too small to hold out
+    assert (tmp_path / "learning.png").stat().st_size > 0
+    for variant in ("staleflow", "sync", "control"):
+        evals = json.loads((tmp_path / f"{variant}_0" / "results.json").read_text())["evals"]
+        assert [e["step"] for e in evals] == [2]  # version 4 is the final evaluation

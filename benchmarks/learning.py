@@ -1,0 +1,162 @@
+r"""Time to accuracy: StaleFlow (η = 2) against synchronous GRPO (η = 0), over seeds, with a
+negative control.
+
+  python benchmarks/learning.py                          # the default task, 3 seeds each
+  python benchmarks/learning.py --scale=tiny --seeds=0   # the tiny config, a smoke test
+
+Each run is `python -m asyncrl.main` in its own process, same config except:
+  staleflow  experiments/grpo.py (η = 2, the StaleFlow admission)
+  sync       experiments/baselines/sync.py (η = 0: generate, train, load weights, repeat)
+  control    η = 2 with the behaviour log-probs ignored (`train.policy_loss=uncorrected`: the
+             clip is against the trainer's own weights, so stale samples get no correction)
+Time to target is the training wall time (evaluation excluded: it runs on its own thread)
+at which the first weights whose held-out greedy accuracy reaches the target existed. The
+target is the synchronous runs' median final accuracy minus `--margin` (default 5 points),
+so it asks "how soon does each schedule get where synchronous training ends up". The
+control is expected to do worse; if it does not, the task does not exercise staleness.
+Last line, JSON:
+  {"time_to_target_s": {"staleflow": [..], "sync": [..]}, "speedup_median": x,
+   "final_accuracy": {"staleflow": [..], "sync": [..], "control": [..]}, "target": t, ...}
+and, with --plot, accuracy and reward against training wall time for every run.
+The full benchmark takes about 3 × 3 runs of the default (20-30 min each on a 2-core CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from asyncrl.cli import exit_on_user_error  # noqa: E402
+from asyncrl.metrics import read_metrics  # noqa: E402
+
+VARIANTS = {
+    "staleflow": ("experiments/grpo.py", []),
+    "sync": ("experiments/baselines/sync.py", []),
+    "control": ("experiments/grpo.py", ["--config.train.policy_loss=uncorrected",
+                                         "--config.train.tis_cap=0"]),
+}
+
+
+def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
+    config, extra = VARIANTS[variant]
+    arg = ":tiny" if args.scale == "tiny" else ""
+    command = [sys.executable, "-m", "asyncrl.main", f"--config={config}{arg}",
+               f"--config.seed={seed}", f"--config.task.seed={seed}", f"--workdir={workdir}",
+               *extra, *args.override]
+    if args.steps:
+        command.append(f"--config.train.steps={args.steps}")
+    if args.eval_every is not None:
+        command.append(f"--config.eval.every_steps={args.eval_every}")
+    print(f"[learning] {variant} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode:
+        raise RuntimeError(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}")
+    return summarize(workdir, time.perf_counter() - start)
+
+
+def summarize(workdir: pathlib.Path, process_s: float) -> dict:
+    results = json.loads((workdir / "results.json").read_text())
+    rows = read_metrics(workdir / "metrics.jsonl")
+    # (training seconds when the weights existed, accuracy), from before to after.
+    curve = [(0.0, results["before"]["accuracy"])]
+    curve += [(e["trained_s"], e["accuracy"]) for e in sorted(results.get("evals", []),
+                                                               key=lambda e: e["step"])]
+    curve.append((results["wall_s"], results["after"]["accuracy"]))
+    return {"curve": curve, "final": results["after"]["accuracy"],
+            "best": max(a for _, a in curve), "train_s": results["wall_s"],
+            "process_s": process_s, "label": results["after"]["eval_label"],
+            "reward": [(r["wall_s"], r["reward_mean"]) for r in rows]}
+
+
+def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, accuracy in curve if accuracy >= target), None)
+
+
+def plot(measured: dict[str, list[dict]], target: float, path: pathlib.Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc, reward) = plt.subplots(1, 2, figsize=(11, 4))
+    colours = {"staleflow": "tab:blue", "sync": "tab:orange", "control": "tab:gray"}
+    label = next(iter(measured.values()))[0]["label"]
+    for variant, runs in measured.items():
+        for i, r in enumerate(runs):
+            name = variant if i == 0 else None
+            t, a = zip(*r["curve"])
+            acc.plot(t, a, "o-", color=colours[variant], alpha=0.8, label=name)
+            if r["reward"]:
+                t, w = zip(*r["reward"])
+                reward.plot(t, w, "-", color=colours[variant], alpha=0.6, label=name)
+    acc.axhline(target, ls="--", color="k", lw=0.8, label="target")
+    acc.set(xlabel="training wall time (s)", ylabel=f"{label} greedy accuracy",
+            title="accuracy of the weights trained by then")
+    reward.set(xlabel="training wall time (s)", ylabel="mean reward of the batch",
+               title="reward of each consumed batch")
+    acc.legend()
+    reward.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", choices=("default", "tiny"), default="default")
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--steps", type=int, default=0, help="override train.steps (0: config's)")
+    parser.add_argument("--eval-every", type=int, default=None, help="override eval.every_steps")
+    parser.add_argument("--margin", type=float, default=0.05,
+                        help="target = median final sync accuracy minus this")
+    parser.add_argument("--override", action="append", default=[],
+                        help="one more --config.x=y flag for every run (repeatable)")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--plot", default=None, help="where to write the accuracy/reward figure")
+    args = parser.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    variants = args.variants.split(",")
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or "sync" not in variants:
+        parser.error(f"--variants: need sync and any of {sorted(VARIANTS)}; got {variants}")
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="learning-"))
+    measured = {v: [run_one(v, s, args, workdir / f"{v}_{s}") for s in seeds] for v in variants}
+
+    target = statistics.median(r["final"] for r in measured["sync"]) - args.margin
+    t2t = {v: [time_to(r["curve"], target) for r in measured[v]] for v in ("staleflow", "sync")
+           if v in measured}
+    speedup = None
+    if all(t is not None for ts in t2t.values() for t in ts) and "staleflow" in t2t:
+        speedup = statistics.median(t2t["sync"]) / max(statistics.median(t2t["staleflow"]), 1e-9)
+    if args.plot:
+        plot(measured, target, pathlib.Path(args.plot))
+    for v, runs in measured.items():
+        for s, r in zip(seeds, runs):
+            print(f"{v:10s} seed {s}: final {r['final']:.3f} best {r['best']:.3f} "
+                  f"training {r['train_s']:.0f} s (process {r['process_s']:.0f} s)", file=sys.stderr)
+    print(json.dumps({
+        "time_to_target_s": {v: [None if t is None else round(t, 1) for t in ts]
+                             for v, ts in t2t.items()},
+        "speedup_median": None if speedup is None else round(speedup, 3),
+        "final_accuracy": {v: [r["final"] for r in runs] for v, runs in measured.items()},
+        "best_accuracy": {v: [r["best"] for r in runs] for v, runs in measured.items()},
+        "training_s": {v: [round(r["train_s"], 1) for r in runs] for v, runs in measured.items()},
+        "target": round(target, 4), "margin": args.margin, "seeds": seeds, "scale": args.scale,
+        "accuracy_label": measured["sync"][0]["label"], "workdir": str(workdir),
+    }))
+
+
+if __name__ == "__main__":
+    exit_on_user_error(main)
