@@ -211,3 +211,50 @@ def test_state_dict_resumes_partial_and_generated_work():
     assert partial in resumed and again_server.record(partial).tokens == [0, 1]
     assert again.next_entry_id == core.next_entry_id == 4
     assert not any(d.entry < 4 and not d.resume for d in of(Dispatch, out))  # none re-created
+
+
+def test_barrier_over_sampling_trains_the_first_b_and_recycles_the_rest_into_the_next_batch():
+    core, server = make_core("barrier", eta=1, batch=2, over_sampling=2.0, recycle=True)
+    launched = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    assert len(launched) == 4  # 2·B entries for batch 0
+    for t in launched[3].trajectory_ids:
+        server.try_start(t, at_step=0)  # a straggler, still running when batch 0 is complete
+    finish_group(core, server, launched[0])
+    out = finish_group(core, server, launched[2])
+    assert BatchReady(0) in out
+    # The batch is complete: the surplus stops; its partial rollouts are handed back, kept.
+    assert [d.instance for d in launched] == [0, 1, 0, 1]
+    assert of(Extract, out) == [Extract(1, launched[1].trajectory_ids),
+                                Extract(1, launched[3].trajectory_ids)]
+    assert core.take_batch(0).entries == [0, 2]
+    assert core.counters.aborted_entries == 0  # recycled, not dropped
+
+
+def test_token_bucket_with_drop_stale_drops_what_fell_out_of_the_window():
+    # ROLL: before step v, entries with V_traj < v - η are dropped, running or finished.
+    core, server = make_core("token_bucket", eta=1, batch=1, instances=1, drop_stale=True)
+    first, straggler = of(Dispatch, core.step(0.0, [state(0)]))  # (η + 0 + 1)·B = 2 at v0
+    for t in straggler.trajectory_ids:
+        server.try_start(t, at_step=0)
+    finish_group(core, server, first)
+    assert core.take_batch(0).staleness == [0]
+    core.step(0.0, [Published(1), state(0)])
+    (fresh,) = of(Dispatch, core.step(0.0, [Synced(0, 1), state(0, version=1)]))
+    finish_group(core, server, fresh)
+    assert core.take_batch(1).entries == [fresh.entry]  # the straggler (v0) is still in the window
+    core.step(0.0, [Published(2), state(0, version=1)])
+    out = core.step(0.0, [Synced(0, 2), state(0, version=2)])
+    out += core.step(0.0, [state(0, version=2)])
+    assert Drop(0, straggler.trajectory_ids) in out  # V_traj 0 < 2 - 1: out of the window
+    assert straggler.entry in core.aborted_ids
+
+
+def test_a_bounded_admission_that_breaks_the_bound_is_caught_at_consume():
+    core, server = make_core("barrier", eta=0, batch=1, instances=1)
+    (d,) = of(Dispatch, core.step(0.0, [state(0)]))
+    finish_group(core, server, d)
+    core.admission.scored[1] = core.admission.scored.pop(0)  # a broken admission: wrong batch
+    core.version = 1
+    core.admission.updated = 1
+    with pytest.raises(StalenessError, match="V_traj 0 consumed at version 1 breaks the bound"):
+        core.take_batch(1)
