@@ -188,6 +188,9 @@ def _validate_distributed(config) -> None:
         _fail("distributed.heartbeat_timeout_s", d.heartbeat_timeout_s,
               f"must exceed distributed.poll_wait_s ({d.poll_wait_s}): an idle actor answers "
               "only that often")
+    if not isinstance(d.instance_resource, str):
+        _fail("distributed.instance_resource", d.instance_resource,
+              "'' or the name of a custom Ray resource (`ray start --resources`)")
     if not d.ray_address or not isinstance(d.ray_address, str):
         _fail("distributed.ray_address", d.ray_address,
               "'local' (a loopback-only head in this process), 'auto' or 'host:port'")

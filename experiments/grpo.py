@@ -137,6 +137,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.distributed.ray_object_store_mb = 1024  # the local head's object store
     c.distributed.instance_cpus = 1.0  # Ray resources each instance actor asks for
     c.distributed.instance_gpus = 0.0
+    # One unit of this custom resource per actor ('': none): only nodes started with it
+    # (`ray start --resources='{"asyncrl_rollout": 1}'`) host instances, e.g. TPU hosts
+    # other than the trainer's.
+    c.distributed.instance_resource = ""
     c.distributed.instance_platform = ""  # JAX_PLATFORMS in the actors ('': as the node has it)
     # Where jax_transfer servers listen; on one machine 127.0.0.1, across hosts this host's
     # address on the network the hosts share.

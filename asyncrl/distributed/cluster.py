@@ -140,3 +140,41 @@ def actor_environment(devices: int, platform: str) -> dict[str, str]:
     if platform:
         env["JAX_PLATFORMS"] = platform
     return env
+
+
+# ---------------------------------------------------------------------------- TPU VM slices
+
+TPU_METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+                "worker-network-endpoints")
+
+
+def parse_worker_endpoints(text: str) -> list[str]:
+    """A TPU VM slice's `worker-network-endpoints` metadata, worker 0 first: hostnames, or
+    (the older format) name:id:ip triples, whose ip is taken (as JAX's own TPU detection does)."""
+    addresses = []
+    for worker in filter(None, text.strip().split(",")):
+        parts = worker.split(":")
+        if len(parts) not in (1, 3):
+            raise ClusterError(f"unsupported worker-network-endpoints entry {worker!r}")
+        addresses.append(parts[-1])
+    return addresses
+
+
+def tpu_worker_addresses(timeout_s: float = 10.0) -> list[str]:
+    """This slice's workers, from the TPU VM's metadata server (worker 0 first)."""
+    import urllib.request
+
+    request = urllib.request.Request(TPU_METADATA, headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return parse_worker_endpoints(response.read().decode())
+
+
+if __name__ == "__main__":
+    # launch/tpu_vms.sh: each worker finds the Ray head (worker 0) itself.
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Cluster addresses for the launch scripts.")
+    parser.add_argument("--tpu-worker-0", action="store_true",
+                        help="print the address of this TPU VM slice's worker 0")
+    if parser.parse_args().tpu_worker_0:
+        print(tpu_worker_addresses()[0])

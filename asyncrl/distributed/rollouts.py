@@ -83,6 +83,8 @@ class RayRollouts(LocalRollouts):
             super().__init__(c, policy, [], data)
             self._add_remote_instances(c, policy, meshes[0])
         except BaseException:
+            if hasattr(self, "rewards"):  # built by LocalRollouts before the failure
+                self.rewards.close()
             self.cluster.close()
             raise
 
@@ -105,6 +107,7 @@ class RayRollouts(LocalRollouts):
                             d.stop_timeout_s)
         actor_class = ray.remote(InstanceActor).options(
             num_cpus=d.instance_cpus, num_gpus=d.instance_gpus,
+            resources={d.instance_resource: 1} if d.instance_resource else None,
             # poll, command and start run at once: start waits for an offer a command brings.
             max_concurrency=4,
             # A restarted process would hold none of the work the core thinks it has: a
