@@ -7,7 +7,6 @@ import shlex
 import subprocess
 import sys
 
-import pytest
 
 from asyncrl.metrics import read_metrics
 
