@@ -7,7 +7,6 @@ import shlex
 import subprocess
 import sys
 
-
 from asyncrl.metrics import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
