@@ -121,7 +121,8 @@ class InstanceActor:
         engine = Engine(graphdef, spec.model_config, num_slots=spec.num_slots,
                         max_len=spec.max_len, prompt_buckets=(spec.prompt_bucket,),
                         sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules)
-        receiver_kwargs = {"host": spec.transfer_host} if spec.transport == "jax_transfer" else {}
+        receiver_kwargs = {"jax_transfer": {"host": spec.transfer_host},
+                           "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
         self.receiver = make_receiver(spec.transport, **receiver_kwargs)
         self.outbox = Outbox()
         self.instance = RolloutInstance(instance_id, engine, self._pull, self.outbox, self.outbox,

@@ -18,6 +18,10 @@ order: `jax.device_put` across processes pairs transfers by the order they are i
 issued in different orders swap silently; here an id names each pull, and a second pull of an
 id (which hangs in jax.experimental.transfer) cannot happen because each offer makes a new id.
 
+jax.experimental.transfer has no way to withdraw an offer: arrays offered to an instance
+that dies before pulling stay referenced by the sender's transfer server (one version per
+such failure). Offers are made only when an instance asks, so nothing else accumulates.
+
 Every pull runs under a watchdog (`pull_watched`): a sender that never sends leaves
 jax.experimental.transfer's own timeout unheeded (measured: a 2 s timeout returned after 21 s,
 when the sender exited), so the wait is bounded here and the error names version, id and

@@ -5,6 +5,7 @@ instance to kill -9."""
 import logging
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -177,6 +178,36 @@ def test_the_remote_engine_draws_the_local_engines_tokens(ray_cluster):
         assert (a.trajectory_id, a.tokens, a.versions, a.finish_reason) == \
             (b.trajectory_id, b.tokens, b.versions, b.finish_reason)
         np.testing.assert_allclose(a.logprobs, b.logprobs, rtol=1e-6, atol=1e-6)
+
+
+@ray.remote(num_cpus=0, max_concurrency=4)
+class Silent:
+    """Starts, then never answers a poll: a hung process, as the driver sees it."""
+
+    def start(self):
+        return {"pid": os.getpid()}
+
+    def command(self, *args):
+        pass
+
+    def poll(self, wait_s):
+        time.sleep(3600)
+
+
+def test_a_silent_instance_fails_on_its_heartbeat_and_is_killed(ray_cluster):
+    events, actor = queue.Queue(), Silent.remote()
+    remote = RemoteInstance(3, actor, TrajectoryServer(), _Reporter(events), None,
+                            Timeouts(0.1, 1.0, 30.0, 5.0), num_slots=8)
+    start = time.monotonic()
+    remote.start()
+    failed = events.get(timeout=30)
+    assert time.monotonic() - start < 10
+    assert failed.instance == 3 and re.search(
+        r"InstanceLost: rollout instance 3 \(Ray actor, pid \d+\) sent no snapshot for 1\.\d s "
+        r"\(distributed.heartbeat_timeout_s = 1.0\)", failed.error), failed.error
+    assert not remote.snapshot().alive
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.start.remote(), timeout=30)
 
 
 # ---------------------------------------------------------------------------- a run, kill -9
