@@ -14,6 +14,9 @@ driver knows which of its commands the snapshot already shows.
 The sink cannot ask the TrajectoryServer whether a trajectory may start (the server is in the
 driver), so it says yes and reports the start; the driver applies starts and reports to the
 server in order and drops here what the server refused.
+
+The process's environment (its device count, the platform, this asyncrl on the path) is set
+by the driver before the process starts (`cluster.actor_environment`), so JAX loads as usual.
 """
 
 from __future__ import annotations
@@ -25,6 +28,14 @@ import os
 import threading
 from typing import Any
 
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from asyncrl.distributed.transport import make_receiver, pull_watched
+from asyncrl.model import ShardingRules, abstract_params, shardings_for
+from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import InstanceFailed
 
 log = logging.getLogger(__name__)
@@ -99,16 +110,6 @@ class InstanceActor:
     """Wrapped with `ray.remote` by the driver (resources and environment are its choice)."""
 
     def __init__(self, instance_id: int, spec: InstanceSpec):
-        import jax
-        from jax.sharding import Mesh
-
-        import numpy as np
-
-        from asyncrl.distributed.transport import make_receiver
-        from asyncrl.model import ShardingRules, abstract_params, shardings_for
-        from asyncrl.rollout.engine import Engine
-        from asyncrl.rollout.instance import RolloutInstance
-
         self.id, self.spec, self.name = instance_id, spec, f"rollout instance {instance_id}"
         devices = jax.devices()[:spec.devices]
         if len(devices) < spec.devices:
@@ -185,8 +186,6 @@ class InstanceActor:
             raise ValueError(f"{self.name}: unknown command {name!r}")
 
     def _pull(self, newer_than: int):
-        from asyncrl.distributed.transport import pull_watched
-
         request = next(self._requests)
         self.outbox.put(("want", request, newer_than))
         timeout = self.spec.pull_timeout_s
