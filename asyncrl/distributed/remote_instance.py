@@ -10,8 +10,9 @@ the same commands.
         items in order: start / report → TrajectoryServer;  finished / extracted / synced /
         failed → the driver's event queue;  want → a weights offer back to the actor
 
-Timeouts, each naming the instance: the start (`start_timeout_s`), every poll
-(`poll_wait_s + heartbeat_timeout_s`: an actor that stops answering is failed), the stop.
+Timeouts, each naming the instance: the start (`start_timeout_s`: the actor's process, JAX,
+engine and first weights), every poll after it (`poll_wait_s + heartbeat_timeout_s`: an actor
+that stops answering is failed), the stop.
 A failed instance (dead actor, silent actor, an error it reported) is killed, so nothing it
 still sends can reach the server, and the core gets `Failed`: it re-routes what it held.
 """
@@ -57,6 +58,7 @@ class RemoteInstance:
         self._failed = False
         self._refused: set[int] = set()  # trajectories whose start or report the server refused
         self._closing = threading.Event()
+        self._started_at: float | None = None
         self._thread = threading.Thread(target=self._poll_loop, name=f"poll-{instance_id}",
                                         daemon=True)
 
@@ -73,6 +75,9 @@ class RemoteInstance:
         except Exception as error:  # ray.exceptions.* or the actor's own error
             self._fail(f"did not start within {self.timeouts.start_timeout_s:.0f} s "
                        f"(distributed.start_timeout_s): {type(error).__name__}: {error}")
+            return
+        # From here on the heartbeat applies: a started actor answers every poll promptly.
+        self._started_at = time.monotonic()
 
     def stop(self) -> None:
         import ray
@@ -128,23 +133,18 @@ class RemoteInstance:
     # ---------------------------------------------------------------- the poll thread
 
     def _poll_loop(self) -> None:
-        import ray
-        from ray.exceptions import GetTimeoutError, RayError
+        from ray.exceptions import RayError
 
-        t = self.timeouts
         while not self._closing.is_set():
-            asked = time.monotonic()
             try:
-                items, snapshot, applied = ray.get(self.actor.poll.remote(t.poll_wait_s),
-                                                   timeout=t.poll_wait_s + t.heartbeat_timeout_s)
-            except GetTimeoutError:
-                self._fail(f"sent no snapshot for {time.monotonic() - asked:.1f} s "
-                           f"(distributed.heartbeat_timeout_s = {t.heartbeat_timeout_s})")
-                return
+                answer = self._poll()
             except RayError as error:
                 if not self._closing.is_set():
                     self._fail(f"its actor is gone: {type(error).__name__}: {error}")
                 return
+            if answer is None:  # timed out (failed) or closing
+                return
+            items, snapshot, applied = answer
             with self._lock:
                 if self._failed:
                     return  # nothing from a failed instance reaches the server
@@ -158,6 +158,32 @@ class RemoteInstance:
                 self._snapshot = snapshot
                 for seq in [s for s in self._unacked if s <= applied]:
                     del self._unacked[seq]
+
+    def _poll(self):
+        """One poll's answer, or None once it is overdue (the instance then failed) or the
+        stand-in closes. Overdue: no answer `poll_wait_s + heartbeat_timeout_s` after it was
+        asked, or after the start finished; until then the start's own allowance applies (an
+        actor builds its engine before it can answer)."""
+        import ray
+
+        t = self.timeouts
+        ref, asked = self.actor.poll.remote(t.poll_wait_s), time.monotonic()
+        while not self._closing.is_set():
+            ready, _ = ray.wait([ref], timeout=min(t.poll_wait_s, 0.5))
+            if ready:
+                return ray.get(ready[0])
+            started = self._started_at
+            since = asked if started is None else max(asked, started)
+            allowance = t.poll_wait_s + (t.start_timeout_s if started is None else t.heartbeat_timeout_s)
+            if time.monotonic() - since > allowance:
+                if started is None:
+                    self._fail(f"did not answer while starting for {allowance:.0f} s "
+                               f"(distributed.start_timeout_s = {t.start_timeout_s})")
+                else:
+                    self._fail(f"sent no snapshot for {time.monotonic() - since:.1f} s "
+                               f"(distributed.heartbeat_timeout_s = {t.heartbeat_timeout_s})")
+                return None
+        return None
 
     def _apply(self, items: list[tuple]) -> None:
         server = self._server
