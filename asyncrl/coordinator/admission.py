@@ -17,6 +17,8 @@ instances load new weights. One registry for the live system and the simulator.
                 versions: a long response is trained however late it finishes.
                 `drop_stale` adds ROLL's replay-buffer collection: before step v, entries with
                 V_traj < v − η are dropped (consumed staleness ≤ η, paid for in wasted work).
+  verl          verl's fully-async policy: a per-sync-window sample budget, every instance
+                updated together every `trigger_parameter_sync_step` steps (see `Verl`).
 
 Only admissions with `bounded = True` promise V_traj ≤ version ≤ V_traj + η; the core checks
 it on every consume of theirs. The others' staleness is measured, never prevented.
@@ -24,6 +26,7 @@ it on every consume of theirs. The others' staleness is measured, never prevente
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from typing import TYPE_CHECKING
@@ -111,31 +114,65 @@ class StaleFlow(Admission):
                  sync: SyncPolicy):
         self.sm = StalenessManager(eta, batch_size, redundant_batch_size)
         self.sync = sync
+        # What the core asks at every step (can a version reserve, is a buffer ready, did the
+        # abort rule fire), remembered until the manager changes: every change goes through
+        # a hook below, which forgets it. At scale most steps change nothing here.
+        self._memo: dict = {}
+        self._may_have_aborted = False
+
+    def _changing(self) -> None:
+        self._memo.clear()
+        self._may_have_aborted = True
+
+    def admits_new(self):
+        # No version an instance may hold can reserve: no entry is admitted anywhere, and the
+        # core need not look at the instances.
+        ok = self._memo.get("any")
+        if ok is None:
+            sm = self.sm
+            ok = self._memo["any"] = any(self.version_admits_new(v) for v in
+                                         range(sm.min_dispatch_version, sm.version + 1))
+        return ok
 
     def version_admits_new(self, version):
-        return self.sm.can_reserve(version)
+        ok = self._memo.get(version)
+        if ok is None:
+            ok = self._memo[version] = self.sm.can_reserve(version)
+        return ok
 
     def on_dispatched(self, entry, v_traj):
+        self._changing()
         self.sm.reserve(entry, v_traj)
 
     def on_scored(self, entry):
+        self._changing()
         self.sm.occupy(entry)
 
     def on_aborted(self, entry):
+        self._changing()
         try:
             self.sm.abort(entry)
         except StalenessError:
             pass  # the abort rule took it first
 
     def take_aborted(self):
+        if not self._may_have_aborted:
+            return []
+        self._may_have_aborted = False
         return self.sm.take_aborted()
 
     def ready(self, version):
-        return self.sm.version == version and self.sm.status(version) is BufferStatus.READY
+        key = ("ready", version)
+        ok = self._memo.get(key)
+        if ok is None:
+            ok = self._memo[key] = (self.sm.version == version
+                                    and self.sm.status(version) is BufferStatus.READY)
+        return ok
 
     def consume(self, version):
         if self.sm.version != version:
             raise StalenessError(f"consume of batch {version}: the protocol is at {self.sm.version}")
+        self._changing()
         return self.sm.consume()  # checks the invariant of every entry
 
     def describe(self, version):
@@ -145,10 +182,13 @@ class StaleFlow(Admission):
 
     def syncs(self, dirty):
         core, latest = self.core, self.core.latest_version
-        out = []
+        cluster, out = core.cluster, []
         for i in dirty:
-            view = core.cluster.view(i)
-            if self.sync.should_sync(view, SyncContext(latest, self.sm.can_reserve(view.version))):
+            # No sync policy pulls weights it holds or is pulling: skip building the view.
+            if cluster.version[i] >= latest or cluster.syncing[i]:
+                continue
+            view = cluster.view(i)
+            if self.sync.should_sync(view, SyncContext(latest, self.version_admits_new(view.version))):
                 out.append(i)
         return out
 
@@ -161,6 +201,7 @@ class StaleFlow(Admission):
             raise ValueError(f"the checkpoint's staleness protocol has η={sm.eta}, B={sm.batch_size}; "
                              f"the config has η={self.sm.eta}, B={self.sm.batch_size}")
         self.sm = sm
+        self._changing()
 
 
 # ------------------------------------------------------------------------------ collective updates
@@ -339,6 +380,7 @@ class TokenBucket(Admission):
         self.policy_version = 0  # the weights every instance holds
         self.update = _CollectiveUpdate()
         self._dropped: list[int] = []
+        self._collected = -1  # the batch stale entries were last collected for
 
     def admits_new(self):
         bound = (self.eta + self.policy_version + 1) * self.batch_size
@@ -381,7 +423,10 @@ class TokenBucket(Admission):
         # AReaL trains step v once every instance holds weights v.
         if self.update.target is not None or self.policy_version < version:
             return False
-        if self.drop_stale:
+        if self.drop_stale and self._collected < version:
+            # Once per batch: every instance holds weights ≥ version by now, so no entry
+            # dispatched later can fall below the window.
+            self._collected = version
             self._collect_stale(version)
         return len(self.buffer) >= self.batch_size
 
@@ -411,6 +456,124 @@ class TokenBucket(Admission):
         self.in_flight = set(state["in_flight"])
         self.buffer = list(state["buffer"])
         self.policy_version = state["policy_version"]
+
+
+# ------------------------------------------------------------------------------ verl
+
+
+@ADMISSIONS.register("verl")
+class Verl(Admission):
+    """verl's fully-async policy (`recipe/fully_async_policy`, README of Dec 2025).
+
+    As published: a Rollouter streams samples (entries here) onto free rollout capacity and
+    puts each finished one into a MessageQueue; the trainer takes B of them, oldest first,
+    and after `trigger_parameter_sync_step` (k) local updates triggers a parameter sync with
+    every rollout engine (a collective). Freshness is a ratio of samples, not a version bound:
+    between two syncs the Rollouter produces at most
+        (1 + staleness_threshold) · k · B − num_stale
+    samples, num_stale being those still queued or in flight at the sync; past that it pauses
+    until the next one. From a sync's trigger until every instance holds the new weights,
+    neither admission nor training goes on. With partial rollout the sync interrupts the
+    work in flight, which continues on the new weights; without it, the sync waits until
+    nothing is in flight. The queue has a maximum size: a sample arriving at a full queue
+    drops the oldest. A response that runs long is trained however old it is, so staleness
+    is measured, never prevented.
+
+    `staleness_threshold` None means η (the queue plus in-flight work is then bounded by
+    (1 + η) · B, AReaL's bound); `max_queue_size` 0 means (1 + threshold) · k · B.
+    """
+
+    bounded = False
+
+    def __init__(self, *, eta: int, batch_size: int, staleness_threshold: float | None = None,
+                 trigger_parameter_sync_step: int = 1, max_queue_size: int = 0):
+        threshold = float(eta if staleness_threshold is None else staleness_threshold)
+        if threshold < 0 or trigger_parameter_sync_step < 1 or max_queue_size < 0:
+            raise ValueError(
+                f"verl: need staleness_threshold ≥ 0, trigger_parameter_sync_step ≥ 1 and "
+                f"max_queue_size ≥ 0, got {staleness_threshold!r}, "
+                f"{trigger_parameter_sync_step!r}, {max_queue_size!r}")
+        self.batch_size, self.k = batch_size, int(trigger_parameter_sync_step)
+        self.budget = int((1 + threshold) * self.k * batch_size)
+        self.max_queue = max_queue_size or self.budget
+        self.queue: collections.deque[int] = collections.deque()  # scored, oldest first
+        self.in_flight: set[int] = set()
+        self.quota = self.budget  # entries this sync window may admit
+        self.produced = 0  # admitted since the last sync
+        self.paused = False  # from a sync's trigger until every instance holds the weights
+        self.waiting_sync: int | None = None  # no partial rollout: synced once nothing is in flight
+        self.update = _CollectiveUpdate()
+        self._dropped: list[int] = []
+
+    def admits_new(self):
+        return not self.paused and self.produced < self.quota
+
+    def on_dispatched(self, entry, v_traj):
+        self.produced += 1
+        self.in_flight.add(entry)
+
+    def on_scored(self, entry):
+        self.in_flight.discard(entry)
+        self.queue.append(entry)
+        while len(self.queue) > self.max_queue:
+            self._dropped.append(self.queue.popleft())
+        self._begin_waiting_sync()
+
+    def on_aborted(self, entry):
+        self.in_flight.discard(entry)
+        self._begin_waiting_sync()
+
+    def take_aborted(self):
+        dropped, self._dropped = self._dropped, []
+        return dropped
+
+    def _begin_waiting_sync(self) -> None:
+        if self.waiting_sync is not None and not self.in_flight:
+            self.update.begin(self.waiting_sync)
+            self.waiting_sync = None
+
+    def _check_update(self) -> None:
+        if self.update.finish(self.core) is not None:
+            self.paused = False
+            self.quota = self.budget - (len(self.in_flight) + len(self.queue))
+            self.produced = 0
+
+    def ready(self, version):
+        self._check_update()
+        return not self.paused and len(self.queue) >= self.batch_size
+
+    def consume(self, version):
+        return [self.queue.popleft() for _ in range(self.batch_size)]
+
+    def describe(self, version):
+        return (f"{len(self.queue)} of {self.batch_size} entries queued, {len(self.in_flight)} "
+                f"in flight, {self.produced} of {self.quota} admitted this sync window"
+                + ("; paused for a weight sync" if self.paused else ""))
+
+    def on_published(self, version):
+        if version % self.k:
+            return  # a local update: the instances keep their weights
+        self.paused = True
+        if self.core.partial_rollout or not self.in_flight:
+            self.update.begin(version)
+        else:
+            self.waiting_sync = version
+        self._check_update()
+
+    def on_synced(self, instance, version):
+        self._check_update()
+
+    def syncs(self, dirty):
+        return self.update.syncs(self.core)
+
+    def state_dict(self):
+        return {"queue": list(self.queue), "in_flight": sorted(self.in_flight),
+                "quota": self.quota, "produced": self.produced}
+
+    def load_state_dict(self, state):
+        self.queue = collections.deque(state["queue"])
+        self.in_flight = set(state["in_flight"])
+        self.quota, self.produced = state["quota"], state["produced"]
 
 
 def build_admission(name: str, *, eta: int, batch_size: int, redundant_batch_size: int,

@@ -103,6 +103,7 @@ class Core:
         self._peeked: Prompt | None = None  # a fresh prompt drawn for routing, not yet used
         self._resume = PendingQueue()  # trajectory ids waiting for an instance, by V_traj
         self._moving: dict[int, int] = {}  # extracted for migration -> the instance to take it
+        self._rewarded: dict[int, int] = {}  # entry -> responses scored so far
         self._dirty: set[int] = set()  # instances whose state changed since the last step
         self._announced = -1  # the last batch a BatchReady went out for
         self._last_migration = float("-inf")
@@ -218,7 +219,14 @@ class Core:
             self.abort_entry(entry)
             return
         self.server.set_reward(t, event.reward)
-        self._group_progress(entry)
+        # Counted (from the server the first time, e.g. after a restore), so that a group is
+        # scanned once it may be complete, not at every reward.
+        scored = self._rewarded.get(entry)
+        scored = self._rewarded[entry] = (
+            sum(self.server.state(m) is _S.REWARDED for m in self.server.members(entry))
+            if scored is None else scored + 1)
+        if self.redundancy.group_complete(scored, self.group_size):
+            self._group_progress(entry)
 
     def _group_progress(self, entry: int) -> None:
         """Once N responses are scored the group waits for training (or is filtered out)."""
@@ -226,6 +234,7 @@ class Core:
         scored = [t for t in members if self.server.state(t) is _S.REWARDED]
         if not self.redundancy.group_complete(len(scored), self.group_size):
             return
+        self._rewarded.pop(entry, None)
         kept = scored[:self.group_size]
         surplus = [t for t in members if t not in kept]
         if surplus:  # group redundancy: the slowest responses are dropped
@@ -263,7 +272,14 @@ class Core:
     def _forget_entry(self, entry: int) -> None:
         self.counters.aborted_entries += 1
         self.aborted_ids.append(entry)
-        members = set(self.server.members(entry))
+        self._rewarded.pop(entry, None)
+        members = self.server.members(entry)
+        if self.server.state(members[0]) is _S.OCCUPIED:
+            # Scored and buffered (a replay buffer's collection, a full queue): the lifecycle
+            # lets an occupied entry only be consumed, and nothing of it runs anywhere.
+            self.server.consume(entry)
+            return
+        members = set(members)
         self._resume.remove_if(lambda item: item[0] in members)
         self._drop(self.server.abort(entry))
 
@@ -342,6 +358,8 @@ class Core:
             if prompt is None:
                 return
             eligible = eligible_new(cluster, self.admission.version_admits_new)
+            if not eligible.any():  # most steps at scale: the router need not be asked
+                return
             target = self.router.choose(cluster, eligible, Request(launch, len(prompt.tokens)))
             if target is None:
                 return
