@@ -496,6 +496,9 @@ class Verl(Admission):
         self.batch_size, self.k = batch_size, int(trigger_parameter_sync_step)
         self.budget = int((1 + threshold) * self.k * batch_size)
         self.max_queue = max_queue_size or self.budget
+        if self.max_queue < batch_size:
+            raise ValueError(f"verl: max_queue_size={max_queue_size} holds fewer than a batch "
+                             f"({batch_size}): the trainer would wait forever")
         self.queue: collections.deque[int] = collections.deque()  # scored, oldest first
         self.in_flight: set[int] = set()
         self.quota = self.budget  # entries this sync window may admit

@@ -113,11 +113,11 @@ class Core:
     # ---------------------------------------------------------------- the step
 
     def step(self, now: float, events: Iterable[Event] = ()) -> list[Command]:
+        self._forget_given_up()
         for event in events:
             self._handle(event)
-        for entry in self.admission.take_aborted():
-            if self.server.has_entry(entry):
-                self._forget_entry(entry)
+            # Before the next event: one may complete an entry this one's abort rule gave up.
+            self._forget_given_up()
         for i in self.admission.syncs(sorted(self._dirty - self.dead)):
             self._out.append(Sync(i))
             self.cluster.syncing[i] = True
@@ -263,6 +263,11 @@ class Core:
             self.counters.rerouted_after_failure += 1
 
     # ---------------------------------------------------------------- aborts and extraction
+
+    def _forget_given_up(self) -> None:
+        for entry in self.admission.take_aborted():
+            if self.server.has_entry(entry):
+                self._forget_entry(entry)
 
     def abort_entry(self, entry: int) -> None:
         """Gives an entry up: the admission frees its place, the instances drop its work."""

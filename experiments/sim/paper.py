@@ -1,9 +1,9 @@
-r"""The simulator's paper grid: every schedule at 32–1,024 instances and η ∈ {1, 2, 4}.
+r"""The simulator's paper grid: every system at 32–1,024 instances and η ∈ {1, 2, 4}.
 
   python -m asyncrl.sim --config=experiments/sim/paper.py --workdir=/tmp/sim_paper
   python -m asyncrl.sim --config=experiments/sim/paper.py:runlocal --workdir=/tmp/sim_small
 
-Full grid: 5 cluster sizes × 3 η × 7 schedules = 105 runs, ~4 minutes on one CPU core
+Full grid: 5 cluster sizes × 3 η × 7 systems = 105 runs, ~4 minutes on one CPU core
 (each run is 2 + 6 training steps of a 512-prompt × 16-response batch; the simulator costs
 about the same at 32 and at 1,024 instances because the batch is fixed). Writes
 results.csv, results.md, timing.json, throughput.png and staleness.png to the workdir.
@@ -18,7 +18,7 @@ groups of 16, 4 trainer GPUs per rollout instance.
 import ml_collections
 
 from asyncrl.config_args import parse_arg
-from asyncrl.sim.config import run_config
+from asyncrl.sim.config import run_config, systems
 
 
 def get_config(arg=None):
@@ -30,7 +30,13 @@ def get_config(arg=None):
     config.grid.instances = [32, 64, 128, 256, 1024]
     config.grid.etas = [1, 2, 4]
     config.grid.seeds = [arg.seed]
-    config.grid.schedules = ["sync", "one_step", "verl", "areal", "roll", "slime", "staleflow"]
+    # Labels of `config.systems`, each an admission with its parameters (asyncrl/sim/config.py):
+    # sync = barrier at η = 0, one_step = barrier at η = 1, slime = barrier over-sampling 1.5
+    # (weights updated every η steps), areal = token_bucket, roll = token_bucket dropping
+    # stale entries, verl = verl, staleflow = staleflow.
+    config.systems = systems()
+    config.grid.systems = ["sync", "one_step", "verl", "areal", "roll", "slime", "staleflow"]
+    config.grid.schedules = ()  # moved to grid.systems; kept so that setting it says so
     config.grid.workers = 1  # processes; results are identical for any number
     if arg.runlocal:
         config.grid.instances = [32, 128]
