@@ -388,6 +388,8 @@ class TokenBucket(Admission):
 
     def on_dispatched(self, entry, v_traj):
         self.in_flight.add(entry)
+        if v_traj < self._collected - self.eta:
+            self._collected = -1  # stale on arrival: the next batch collects it
 
     def on_scored(self, entry):
         self.in_flight.discard(entry)
@@ -424,8 +426,8 @@ class TokenBucket(Admission):
         if self.update.target is not None or self.policy_version < version:
             return False
         if self.drop_stale and self._collected < version:
-            # Once per batch: every instance holds weights ≥ version by now, so no entry
-            # dispatched later can fall below the window.
+            # Once per batch, unless an entry below the window was dispatched since (every
+            # instance holds weights ≥ version by now, so none should be).
             self._collected = version
             self._collect_stale(version)
         return len(self.buffer) >= self.batch_size
@@ -448,14 +450,18 @@ class TokenBucket(Admission):
         return self.update.syncs(self.core)
 
     def state_dict(self):
+        # `dropped`: given up but not yet taken by the core; a checkpoint between the two
+        # must not bring them back.
         return {"accepted": self.accepted, "in_flight": sorted(self.in_flight),
-                "buffer": sorted(self.buffer), "policy_version": self.policy_version}
+                "buffer": sorted(self.buffer), "policy_version": self.policy_version,
+                "dropped": list(self._dropped)}
 
     def load_state_dict(self, state):
         self.accepted = state["accepted"]
         self.in_flight = set(state["in_flight"])
         self.buffer = list(state["buffer"])
         self.policy_version = state["policy_version"]
+        self._dropped = list(state.get("dropped", []))
 
 
 # ------------------------------------------------------------------------------ verl
@@ -571,12 +577,13 @@ class Verl(Admission):
 
     def state_dict(self):
         return {"queue": list(self.queue), "in_flight": sorted(self.in_flight),
-                "quota": self.quota, "produced": self.produced}
+                "quota": self.quota, "produced": self.produced, "dropped": list(self._dropped)}
 
     def load_state_dict(self, state):
         self.queue = collections.deque(state["queue"])
         self.in_flight = set(state["in_flight"])
         self.quota, self.produced = state["quota"], state["produced"]
+        self._dropped = list(state["dropped"])
 
 
 def build_admission(name: str, *, eta: int, batch_size: int, redundant_batch_size: int,
