@@ -44,6 +44,7 @@ from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
 from asyncrl.staleness import StalenessError, TrajectoryState
 
 _S = TrajectoryState
+_UNSEEN_BY_ADMISSION = (InstanceState, Finished)
 
 
 class PromptSource(Protocol):
@@ -116,8 +117,10 @@ class Core:
         self._forget_given_up()
         for event in events:
             self._handle(event)
-            # Before the next event: one may complete an entry this one's abort rule gave up.
-            self._forget_given_up()
+            # Before the next event: one may complete an entry this one's abort rule gave up
+            # (snapshots and finished trajectories never reach the admission).
+            if type(event) not in _UNSEEN_BY_ADMISSION:
+                self._forget_given_up()
         for i in self.admission.syncs(sorted(self._dirty - self.dead)):
             self._out.append(Sync(i))
             self.cluster.syncing[i] = True

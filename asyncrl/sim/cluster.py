@@ -85,8 +85,9 @@ class Cluster:
         if self._tick_s > 0:
             self.loop.at(self._tick_s, self._tick)
         c = self.config
-        self.loop.run(lambda: self.metrics.steps_done >= self.total_steps,
-                      max_time=c.max_sim_time_s, after_time_point=self._step)
+        trained, total = self.metrics.step_end, self.total_steps
+        self.loop.run(lambda: len(trained) >= total, max_time=c.max_sim_time_s,
+                      after_time_point=self._step)
         m, counters = self.metrics, self.core.counters
         m.migrated, m.dropped_groups = counters.migrated, counters.aborted_entries
         return Result.from_metrics(
@@ -121,7 +122,8 @@ class Cluster:
                 self._waste_aborted()
             if not trainer.busy and self.announced >= core.version:
                 trainer.maybe_start()
-            self._commit_touched(self.loop.now)
+            if self._touched:
+                self._commit_touched(self.loop.now)
         raise RuntimeError(f"t={self.loop.now:.3f}s: the core and the cluster answered each "
                            f"other {_MAX_STEPS_PER_INSTANT} times without time moving on")
 
@@ -130,10 +132,14 @@ class Cluster:
         instance, then the state of each instance that changed (in instance order)."""
         events = self._events
         if self._finished:
-            events += [Finished(i, tuple(ids)) for i, ids in sorted(self._finished.items()) if ids]
+            for i in sorted(self._finished):
+                ids = self._finished[i]
+                if ids:
+                    events.append(Finished(i, tuple(ids)))
             self._finished = {}
         if self._changed:
-            for i, inst in sorted(self._changed.items()):
+            for i in sorted(self._changed):
+                inst = self._changed[i]
                 events.append(InstanceState(i, inst.version, inst.n, inst.nq, inst.kv,
                                             inst.slots, inst.syncing, inst.steps))
             self._changed = {}

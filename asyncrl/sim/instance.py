@@ -276,9 +276,10 @@ class SimInstance:
             self.settle(now)
             if self.n == 0:
                 self._pull(now)
-        self._fill(now)
+        if self.nq and self.n < self.slots:
+            self._fill(now)
         self.replan()
-        self.cluster.changed(self)
+        self.cluster._changed[self.idx] = self
 
     @property
     def load(self) -> int:

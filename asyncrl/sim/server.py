@@ -22,11 +22,18 @@ _LEGAL = {id(state): frozenset(id(n) for n in nexts) for state, nexts in LEGAL_T
 _TERMINAL = frozenset(id(s) for s in TERMINAL_STATES)
 
 
+class _States(dict):
+    def __missing__(self, trajectory_id):
+        raise IllegalTransition(f"trajectory {trajectory_id!r}: unknown")
+
+
 class CurrentStateLifecycle:
     """`LifecycleTracker`'s interface and rules, without history, timestamps or a lock."""
 
     def __init__(self):
-        self._state: dict[Hashable, TrajectoryState] = {}
+        self._state: dict[Hashable, TrajectoryState] = _States()
+        # The most frequent call of a simulated run, made a dict lookup (no Python frame).
+        self.state = self._state.__getitem__
 
     def add(self, trajectory_id: Hashable) -> None:
         if trajectory_id in self._state:
@@ -43,12 +50,6 @@ class CurrentStateLifecycle:
             raise IllegalTransition(f"trajectory {trajectory_id!r}: illegal transition "
                                     f"{current.name} -> {new_state.name}")
         self._state[trajectory_id] = new_state
-
-    def state(self, trajectory_id: Hashable) -> TrajectoryState:
-        try:
-            return self._state[trajectory_id]
-        except KeyError:
-            raise IllegalTransition(f"trajectory {trajectory_id!r}: unknown") from None
 
     def in_state(self, state: TrajectoryState) -> list[Hashable]:
         return [t for t, s in self._state.items() if s is state]
