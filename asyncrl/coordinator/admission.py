@@ -31,6 +31,8 @@ import heapq
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.registry import Registry
 from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
@@ -222,14 +224,21 @@ class _CollectiveUpdate:
         if self.target is None:
             return []
         cluster = core.cluster
-        return [i for i in core.alive_instances()
-                if cluster.version[i] < self.target and not cluster.syncing[i]]
+        # Vectorised: asked at every step of an update, and every instance syncs during one.
+        below = (cluster.version < self.target) & ~cluster.syncing
+        if core.dead:
+            below[list(core.dead)] = False
+        return np.flatnonzero(below).tolist()
 
     def finish(self, core: Core) -> int | None:
         """The version loaded, once every live instance holds it (the update is then over)."""
         target, cluster = self.target, core.cluster
-        if target is None or not all(cluster.version[i] >= target and not cluster.syncing[i]
-                                     for i in core.alive_instances()):
+        if target is None:
+            return None
+        held = (cluster.version >= target) & ~cluster.syncing
+        if core.dead:
+            held[list(core.dead)] = True
+        if not held.all():
             return None
         self.target = None
         return target

@@ -308,8 +308,8 @@ class Core:
 
     def _migrate(self) -> None:
         cluster = self.cluster
-        admits = {v: self.admission.version_admits_new(v) for v in np.unique(cluster.version).tolist()}
-        can_new = np.array([admits[v] for v in cluster.version.tolist()], dtype=bool)
+        admits = [v for v in np.unique(cluster.version).tolist() if self.admission.version_admits_new(v)]
+        can_new = np.isin(cluster.version, admits)
         for move in self.migration.plan(cluster, can_new):
             if move.src in self.dead or move.dst in self.dead:
                 continue

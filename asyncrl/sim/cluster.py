@@ -131,15 +131,16 @@ class Cluster:
         """What happened this instant: reported events, then finished trajectories per
         instance, then the state of each instance that changed (in instance order)."""
         events = self._events
-        if self._finished:
-            for i in sorted(self._finished):
-                ids = self._finished[i]
+        finished, changed = self._finished, self._changed
+        if finished:
+            for i in (finished if len(finished) == 1 else sorted(finished)):
+                ids = finished[i]
                 if ids:
                     events.append(Finished(i, tuple(ids)))
             self._finished = {}
-        if self._changed:
-            for i in sorted(self._changed):
-                inst = self._changed[i]
+        if changed:
+            for i in (changed if len(changed) == 1 else sorted(changed)):
+                inst = changed[i]
                 events.append(InstanceState(i, inst.version, inst.n, inst.nq, inst.kv,
                                             inst.slots, inst.syncing, inst.steps))
             self._changed = {}
@@ -151,7 +152,9 @@ class Cluster:
         self._changed[inst.idx] = inst
 
     def finished(self, inst: SimInstance, trajs: list[Traj]) -> None:
-        ids = self._finished.setdefault(inst.idx, [])
+        ids = self._finished.get(inst.idx)
+        if ids is None:
+            ids = self._finished[inst.idx] = []
         report = self.server.report
         for traj in trajs:
             self.metrics.generated_tokens += traj.target
@@ -172,7 +175,9 @@ class Cluster:
             traj = self.trajs.get(t)
             if traj is None:
                 continue
-            waiting = self._rewarding.setdefault(traj.entry, [])
+            waiting = self._rewarding.get(traj.entry)
+            if waiting is None:
+                waiting = self._rewarding[traj.entry] = []
             waiting.append(t)
             if len(waiting) == n:
                 release += waiting
