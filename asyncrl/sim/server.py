@@ -19,7 +19,8 @@ from typing import Hashable
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import TrajectoryState
 
-_S = TrajectoryState
+# Module constants: reading an Enum member off its class costs ~10x a global lookup.
+_ROUTED, _RUNNING = TrajectoryState.ROUTED, TrajectoryState.RUNNING
 from asyncrl.staleness.lifecycle import LEGAL_TRANSITIONS, TERMINAL_STATES, IllegalTransition
 
 
@@ -84,7 +85,7 @@ class SimTrajectoryServer(TrajectoryServer):
             return super().report(trajectory_id, tokens, logprobs, policy_logprobs, versions,
                                   finish_reason)
         with self._lock:  # nothing to append: the live report's state change alone
-            if self._lifecycle.state(trajectory_id) is not _S.RUNNING:
+            if self._lifecycle.state(trajectory_id) is not _RUNNING:
                 return False
             if finish_reason is None:
                 self.interrupt(trajectory_id)
@@ -96,7 +97,7 @@ class SimTrajectoryServer(TrajectoryServer):
         self._lifecycle.transition(trajectory_id, state)
         instance = self._records[trajectory_id].instance
         held = self._held.get(instance)
-        if state is _S.ROUTED or state is _S.RUNNING:
+        if state is _ROUTED or state is _RUNNING:
             if held is None:
                 held = self._held[instance] = set()
             held.add(trajectory_id)

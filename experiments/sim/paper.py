@@ -3,17 +3,22 @@ r"""The simulator's paper grid: every system at 32–1,024 instances and η ∈ 
   python -m asyncrl.sim --config=experiments/sim/paper.py --workdir=/tmp/sim_paper
   python -m asyncrl.sim --config=experiments/sim/paper.py:runlocal --workdir=/tmp/sim_small
 
-Full grid: 5 cluster sizes × 3 η × 7 systems = 105 runs, ~4 minutes on one CPU core
-(each run is 2 + 6 training steps of a 512-prompt × 16-response batch; the simulator costs
-about the same at 32 and at 1,024 instances because the batch is fixed). Writes
+Full grid: 5 cluster sizes × 3 η × 7 systems = 105 points, 85 runs (sync and one_step fix
+their own η: one run fills every η's row). Each run is 2 + 6 training steps of a 512-prompt ×
+16-response batch, every trajectory going through the coordinator core and the trajectory
+server as live ones do, so a run costs about the same at 32 and at 1,024 instances (the
+batch is fixed): ~5 s of one core, the grid ~7 CPU-minutes, spread over `grid.workers`
+processes (one per core, at most 4; results are identical for any number). Writes
 results.csv, results.md, timing.json, throughput.png and staleness.png to the workdir.
-`runlocal` shrinks it to 2 sizes × 2 η for a quick look (~20 s).
+`runlocal` shrinks it to 2 sizes × 2 η for a quick look.
 
 Workload: a 7B-class model on 8-GPU rollout instances (asyncrl/sim/profiles/
 qwen2p5_7b_8xh100.json, from public figures), long chain-of-thought math response lengths
 (asyncrl/sim/data/long_cot_math.json: mean ~3.2k tokens, 3 % cut at the 16k cap), GRPO
 groups of 16, 4 trainer GPUs per rollout instance.
 """
+
+import os
 
 import ml_collections
 
@@ -37,7 +42,7 @@ def get_config(arg=None):
     config.systems = systems()
     config.grid.systems = ["sync", "one_step", "verl", "areal", "roll", "slime", "staleflow"]
     config.grid.schedules = ()  # moved to grid.systems; kept so that setting it says so
-    config.grid.workers = 1  # processes; results are identical for any number
+    config.grid.workers = min(4, os.cpu_count() or 1)  # results are identical for any number
     if arg.runlocal:
         config.grid.instances = [32, 128]
         config.grid.etas = [1, 2]
