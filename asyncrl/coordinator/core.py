@@ -239,7 +239,8 @@ class Core:
             return
         self._rewarded.pop(entry, None)
         kept = scored[:self.group_size]
-        surplus = [t for t in members if t not in kept]
+        kept_ids = set(kept)
+        surplus = [t for t in members if t not in kept_ids]
         if surplus:  # group redundancy: the slowest responses are dropped
             self._drop(self.server.drop_members(entry, surplus))
         rewards = {self.server.reward(t) for t in kept}
