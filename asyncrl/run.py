@@ -142,13 +142,17 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 published_at[step] = results.get("wall_s", 0.0) + chrono.wall_s()
                 background.submit(step, state.params)
             log_step(late.push(step, metrics))
-            if stop.is_set() or step % checkpoint_every == 0 or step == c.train.steps:
+            finishing = stop.is_set() or step == c.train.steps
+            if finishing or step % checkpoint_every == 0:
                 chrono.phase("checkpoint")
+                if finishing:  # training is over: wait, so every evaluation gets a metrics row
+                    collect_evaluations(background.close())
                 log_step(late.flush())  # a NaN step must not become a checkpoint
                 ckpt.save(state, rollouts.resume_data())
             if stop.is_set():
                 log.warning("train: stopped at step %d on request; checkpoint saved", step)
                 break
+        collect_evaluations(background.close())
         log_step(late.flush())
         if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
             ckpt.save(state, rollouts.resume_data())
