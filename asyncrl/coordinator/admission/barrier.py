@@ -83,9 +83,15 @@ class Barrier(Admission):
                 and (self.eta == 0 or self._complete(due))):
             self.update.begin(due)
         b = self.next_batch
-        if self.update.target is None and self.launching is None and self._may_launch(b):
+        while self.update.target is None and self.launching is None and self._may_launch(b):
             self.launching, self.next_batch = b, b + 1
             self.launched.setdefault(b, 0)
+            if not self._complete(b):
+                break
+            # Recycled partial rollouts filled it before its launch: its surplus was never
+            # stopped, so admitting for it would wait forever; the next batch launches.
+            self.launching = None
+            b = self.next_batch
 
     def _may_launch(self, b: int) -> bool:
         if self.eta == 0:  # synchronous: batch b is generated with weights b
