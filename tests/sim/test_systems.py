@@ -5,7 +5,7 @@ import pytest
 
 from asyncrl.coordinator.admission import ADMISSIONS
 from asyncrl.sim.cluster import Cluster
-from asyncrl.sim.config import run_config, systems
+from asyncrl.sim.config import run_config, system_config, systems
 from asyncrl.sim.run import simulate
 
 from tests.sim.helpers import tiny
@@ -135,3 +135,14 @@ def test_policies_and_simulator_import_no_model_code():
         "             or m.startswith(('asyncrl.model', 'asyncrl.rollout', 'asyncrl.train')))\n"
         "assert not bad, bad\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_slime_launches_past_a_batch_its_recycled_rollouts_already_filled():
+    # One instance, B = 1, over-sampling 1.5: the surplus recycled into batch b + 1 can fill
+    # it before it is launched; the loop must then launch b + 2, not wait for b + 1 forever.
+    c = tiny("staleflow", instances=1, eta=1, batch=1, group=1, slots=2, steps=(0, 5),
+             response={"name": "lognormal", "median": 20.0, "sigma": 1.0, "cap": 50})
+    c.reprefill_on_resume = False
+    c = system_config(c, systems(), "slime")
+    r = simulate(c)
+    assert sum(r.staleness_hist.values()) == 5
