@@ -18,7 +18,7 @@ from asyncrl.config_args import ConfigError, missing_field, parse_arg  # noqa: F
 from asyncrl.coordinator.admission import ADMISSIONS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
-from asyncrl.coordinator.routing import ROUTERS
+from asyncrl.coordinator.routing import ROUTERS, router_needs_latency
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
@@ -158,9 +158,10 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
               "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
-    if config.coordinator.routing == "throughput_optimal" and not os.path.isfile(config.coordinator.latency_model):
+    routing = config.coordinator.routing
+    if router_needs_latency(routing) and not os.path.isfile(config.coordinator.latency_model):
         _fail("coordinator.latency_model", config.coordinator.latency_model,
-              "throughput_optimal routing needs the JSON fitted by python benchmarks/profile_engine.py")
+              f"{routing} routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
 

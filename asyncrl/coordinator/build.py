@@ -7,7 +7,7 @@ from asyncrl.coordinator.core import Core, PromptSource
 from asyncrl.coordinator.latency import LatencyModel
 from asyncrl.coordinator.migration import build_migration_policy
 from asyncrl.coordinator.redundancy import build_redundancy
-from asyncrl.coordinator.routing import build_router
+from asyncrl.coordinator.routing import build_router, router_needs_latency
 from asyncrl.coordinator.sync import build_sync_policy
 from asyncrl.servers.trajectory import TrajectoryServer
 
@@ -22,7 +22,7 @@ def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core
         co.admission, eta=c.staleness.eta, batch_size=c.train.batch_size,
         redundant_batch_size=redundancy.redundant_batch_size(c.train.batch_size),
         sync=build_sync_policy(co.sync), **params)
-    latency = LatencyModel.load(co.latency_model) if co.routing == "throughput_optimal" else None
+    latency = LatencyModel.load(co.latency_model) if router_needs_latency(co.routing) else None
     return Core(admission=admission, server=server, prompts=prompts,
                 num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,
                 eta=c.staleness.eta, group_size=c.rollout.group_size,

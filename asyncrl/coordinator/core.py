@@ -177,6 +177,7 @@ class Core:
             cluster.running[i] = event.running
             cluster.queued[i], cluster.kv_tokens[i] = event.queued, event.kv_tokens
             cluster.num_slots[i], cluster.syncing[i] = event.num_slots, event.syncing
+            cluster.kv_capacity[i] = event.kv_capacity or np.inf
             self.decode_steps[i] = event.decode_steps
             self._dirty.add(i)
         elif isinstance(event, Finished):

@@ -39,6 +39,7 @@ class InstanceState:
     num_slots: int
     syncing: bool  # a pull is pending or in progress
     decode_steps: int = 0  # decode steps run so far: how far running trajectories got
+    kv_capacity: int = 0  # KV-cache tokens the engine can hold; 0: not limited (or unknown)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

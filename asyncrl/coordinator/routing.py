@@ -11,7 +11,10 @@ Pending work is served oldest V_traj first (`PendingQueue`): it has the nearest 
 Routers only choose among eligible instances:
   round_robin         cycle through them;
   least_loaded        fewest running + queued per slot;
-  throughput_optimal  the largest marginal gain in tokens/s under the step-latency model.
+  throughput_optimal  the largest marginal gain in tokens/s under the step-latency model;
+  version_first       PSRL's router: the newest weights first, then the largest gain, and a
+                      request waits unless its gain is ≥ `threshold` (0.2) of its gain on an
+                      empty instance and its KV fits beside what the instance holds.
 """
 
 from __future__ import annotations
@@ -105,6 +108,8 @@ class PendingQueue:
 class Router:
     """Chooses one eligible instance for a request, or None if none is eligible."""
 
+    needs_latency = False  # built with the fitted step-latency model
+
     def choose(self, cluster: ClusterView, eligible: np.ndarray, request: Request) -> int | None:
         raise NotImplementedError
 
@@ -152,6 +157,8 @@ class ThroughputOptimal(Router):
     the router fills cheap capacity first and stops adding where steps grow long.
     """
 
+    needs_latency = True
+
     def __init__(self, latency: LatencyModel):
         if latency is None:
             raise ValueError("throughput_optimal routing needs a latency model")
@@ -161,18 +168,66 @@ class ThroughputOptimal(Router):
         idx = np.flatnonzero(eligible)
         if len(idx) == 0:
             return None
-        running = cluster.running[idx].astype(np.float64)
-        slots = cluster.num_slots[idx]
-        load = running + cluster.queued[idx]
-        prefill = float(max(request.prefill_tokens, 1))
-        per_seq = np.where(running > 0, cluster.kv_tokens[idx] / np.maximum(running, 1), prefill)
-        n0 = np.minimum(load, slots)
-        kv0 = n0 * per_seq
-        n1 = np.minimum(load + request.num_seqs, slots)
-        kv1 = kv0 + (n1 - n0) * prefill
-        model = self.latency
-        gain = n1 / model.step_time(n1, kv1) - n0 / model.step_time(n0, kv0)
+        gain, _ = _marginal_gain(self.latency, cluster, idx, request)
         return int(idx[np.argmax(gain)])
+
+
+def _marginal_gain(model: LatencyModel, cluster: ClusterView, idx: np.ndarray,
+                   request: Request) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens/s an instance gains by taking the request, and the KV it would then hold."""
+    running = cluster.running[idx].astype(np.float64)
+    slots = cluster.num_slots[idx]
+    load = running + cluster.queued[idx]
+    prefill = float(max(request.prefill_tokens, 1))
+    per_seq = np.where(running > 0, cluster.kv_tokens[idx] / np.maximum(running, 1), prefill)
+    n0 = np.minimum(load, slots)
+    kv0 = n0 * per_seq
+    n1 = np.minimum(load + request.num_seqs, slots)
+    kv1 = kv0 + (n1 - n0) * prefill
+    gain = n1 / model.step_time(n1, kv1) - n0 / model.step_time(n0, kv0)
+    return gain, load * per_seq + request.num_seqs * prefill
+
+
+@ROUTERS.register("version_first")
+class VersionFirst(Router):
+    """PSRL's routing: among eligible instances whose marginal gain is worth it and whose KV
+    cache has room, the newest version (its entries get the most buffers to land in), then
+    the largest gain. None (the request waits for a better moment) when no instance
+    qualifies: a request squeezed onto a saturated engine gains little now and, in a
+    KV-bound engine, evicts a running sequence that must be re-prefilled later.
+
+    Worth it: gain ≥ `threshold` × the request's gain on an empty instance. Room: the KV the
+    instance holds and has queued (its mean per sequence) plus the request's prefill ≤ its
+    reported KV capacity. An idle instance always qualifies, so work never waits forever.
+    """
+
+    needs_latency = True
+
+    def __init__(self, latency: LatencyModel, threshold: float = 0.2):
+        if latency is None:
+            raise ValueError("version_first routing needs a latency model")
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"version_first: threshold must be in [0, 1], got {threshold}")
+        self.latency, self.threshold = latency, threshold
+
+    def choose(self, cluster, eligible, request):
+        idx = np.flatnonzero(eligible)
+        if len(idx) == 0:
+            return None
+        gain, kv_after = _marginal_gain(self.latency, cluster, idx, request)
+        n = request.num_seqs
+        empty = n / self.latency.step_time(n, n * float(max(request.prefill_tokens, 1)))
+        idle = cluster.running[idx] + cluster.queued[idx] == 0
+        ok = idle | ((gain >= self.threshold * empty) & (kv_after <= cluster.kv_capacity[idx]))
+        if not ok.any():
+            return None
+        version = np.where(ok, cluster.version[idx], -1)
+        best = ok & (version == version.max())
+        return int(idx[np.argmax(np.where(best, gain, -np.inf))])
+
+
+def router_needs_latency(name: str) -> bool:
+    return getattr(ROUTERS.get(name), "needs_latency", False)
 
 
 def build_router(name: str, latency: LatencyModel | None) -> Router:

@@ -10,11 +10,15 @@ no new entries and starves as its running trajectories finish.
              entry can land at its version (or the abort rule forbids it) while its load has
              fallen to `low_watermark` of its slots. Fewer, cheaper interruptions; entries
              stay as stale as η allows, never more.
+  kv_aware   PSRL's: pull once nothing waits in the instance's queue and its KV cache is
+             under `kv_threshold` of its capacity (a pull re-prefills what the cache holds,
+             so it is cheapest then); otherwise as when_idle, so no instance starves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from asyncrl.registry import Registry
 from asyncrl.coordinator.view import InstanceView
@@ -57,6 +61,26 @@ class WhenIdle(SyncPolicy):
         if ctx.can_dispatch_new:
             return False
         return instance.load <= self.low_watermark * instance.num_slots
+
+
+@SYNC_POLICIES.register("kv_aware")
+class KVAware(WhenIdle):
+    def __init__(self, kv_threshold: float = 0.3, low_watermark: float = 0.5):
+        super().__init__(low_watermark)
+        if not 0.0 <= kv_threshold <= 1.0:
+            raise ValueError(f"kv_aware: kv_threshold must be in [0, 1], got {kv_threshold}")
+        self.kv_threshold = kv_threshold
+
+    def should_sync(self, instance, ctx):
+        if ctx.latest_version <= instance.version or instance.syncing:
+            return False
+        capacity = instance.kv_capacity
+        # An unlimited cache has no "light": a pull there costs the re-prefill of whatever it
+        # holds, so when_idle decides.
+        if instance.queued == 0 and math.isfinite(capacity) and (
+                instance.kv_tokens <= self.kv_threshold * capacity):
+            return True
+        return super().should_sync(instance, ctx)
 
 
 def build_sync_policy(name: str, **kwargs) -> SyncPolicy:

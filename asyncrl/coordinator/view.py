@@ -29,6 +29,7 @@ class InstanceView:
     kv_tokens: int  # tokens (prompt + generated) held in the KV cache by running trajectories
     num_slots: int  # decode slots: the most trajectories it runs at once
     syncing: bool = False  # pulling weights: it takes work, but decodes none until done
+    kv_capacity: float = float("inf")  # KV-cache tokens the engine can hold
 
     def __post_init__(self):
         for name in ("id", "version", "running", "queued", "kv_tokens", "num_slots"):
@@ -47,7 +48,7 @@ class InstanceView:
         return max(0, self.num_slots - self.load)
 
 
-_FIELDS = ("version", "running", "queued", "kv_tokens", "num_slots", "syncing")
+_FIELDS = ("version", "running", "queued", "kv_tokens", "num_slots", "syncing", "kv_capacity")
 
 
 @dataclasses.dataclass(slots=True)
@@ -60,6 +61,7 @@ class ClusterView:
     kv_tokens: np.ndarray  # float64 (estimates may be fractional between decode steps)
     num_slots: np.ndarray  # int64
     syncing: np.ndarray  # bool
+    kv_capacity: np.ndarray  # float64; inf: not limited (or not reported)
 
     @classmethod
     def empty(cls, num_instances: int, num_slots: int) -> "ClusterView":
@@ -75,6 +77,7 @@ class ClusterView:
             kv_tokens=np.zeros(num_instances, dtype=np.float64),
             num_slots=np.full(num_instances, num_slots, dtype=np.int64),
             syncing=np.zeros(num_instances, dtype=bool),
+            kv_capacity=np.full(num_instances, np.inf),
         )
 
     @classmethod
@@ -91,6 +94,7 @@ class ClusterView:
             kv_tokens=np.array([v.kv_tokens for v in views], dtype=np.float64),
             num_slots=np.array([v.num_slots for v in views], dtype=np.int64),
             syncing=np.array([v.syncing for v in views], dtype=bool),
+            kv_capacity=np.array([v.kv_capacity for v in views], dtype=np.float64),
         )
 
     def __len__(self) -> int:
@@ -113,6 +117,7 @@ class ClusterView:
             kv_tokens=int(round(self.kv_tokens[i])),
             num_slots=int(self.num_slots[i]),
             syncing=bool(self.syncing[i]),
+            kv_capacity=float(self.kv_capacity[i]),
         )
 
     def copy(self) -> "ClusterView":

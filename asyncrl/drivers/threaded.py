@@ -155,7 +155,8 @@ class ThreadedDriver:
             s = instance.snapshot()
             if s.alive:
                 events.append(InstanceState(instance.id, s.version, s.running, s.queued,
-                                            s.kv_tokens, s.num_slots, s.syncing, s.decode_steps))
+                                            s.kv_tokens, s.num_slots, s.syncing, s.decode_steps,
+                                            s.kv_capacity))
         return events
 
     def _apply(self, commands: Sequence[Command]) -> None:

@@ -249,4 +249,6 @@ class RolloutInstance:
         self._snapshot = Snapshot(
             self._version, len(slots), sum(len(w.trajectories) for w in self._queue), kv,
             self.engine.num_slots, self._syncing, self._alive, self._idle_s, self._decode_steps,
-            self._decode_s, self._prefill_tokens, self._prefill_s)
+            self._decode_s, self._prefill_tokens, self._prefill_s,
+            # A fixed cache of max_len per slot: routing checks a request fits beside the rest.
+            self.engine.num_slots * self.engine.max_len)

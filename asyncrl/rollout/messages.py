@@ -63,6 +63,7 @@ class Snapshot:
     decode_s: float = 0.0  # in generate and handing finished trajectories over
     prefill_tokens: int = 0  # prompts and, on resume, prompt + tokens so far
     prefill_s: float = 0.0
+    kv_capacity: int = 0  # KV-cache tokens the engine holds (slots × cache length); 0: unknown
 
     @property
     def busy_s(self) -> float:

@@ -72,3 +72,20 @@ def test_redundancy():
         build_redundancy("batch", batch_ratio=0.5)
     with pytest.raises(ValueError, match="extra_responses"):
         build_redundancy("group", extra_responses=-1)
+
+
+def test_kv_aware_syncs_a_light_instance_with_an_empty_queue():
+    kv_aware = build_sync_policy("kv_aware")
+    light = InstanceView(0, 1, 20, 0, 10_000, 256, kv_capacity=190_000)
+    heavy = InstanceView(0, 1, 60, 0, 150_000, 256, kv_capacity=190_000)
+    waiting = InstanceView(0, 1, 20, 5, 10_000, 256, kv_capacity=190_000)
+    assert kv_aware.should_sync(light, SyncContext(2, True))
+    assert not kv_aware.should_sync(heavy, SyncContext(2, True))
+    assert not kv_aware.should_sync(waiting, SyncContext(2, True))
+    assert not kv_aware.should_sync(light, SyncContext(1, True))  # nothing newer
+    # Unlimited cache: as when_idle (an idle instance pulls, a busy one that can still take
+    # work at its version stays).
+    assert kv_aware.should_sync(InstanceView(0, 1, 0, 0, 0, 8), SyncContext(2, True))
+    assert not kv_aware.should_sync(InstanceView(0, 1, 6, 0, 600, 8), SyncContext(2, True))
+    with pytest.raises(ValueError, match="kv_threshold"):
+        build_sync_policy("kv_aware", kv_threshold=2.0)

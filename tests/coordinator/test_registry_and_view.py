@@ -43,8 +43,9 @@ def test_policy_registries_error_names_come_from_the_registry(registry):
 
 
 def test_expected_policies_are_registered():
-    assert set(ROUTERS.names()) == {"round_robin", "least_loaded", "throughput_optimal"}
-    assert set(SYNC_POLICIES.names()) == {"greedy", "when_idle"}
+    assert set(ROUTERS.names()) == {"round_robin", "least_loaded", "throughput_optimal",
+                                   "version_first"}
+    assert set(SYNC_POLICIES.names()) == {"greedy", "when_idle", "kv_aware"}
     assert set(MIGRATION_POLICIES.names()) == {"none", "balance"}
     assert set(REDUNDANCY_POLICIES.names()) == {"none", "batch", "group", "both"}
 

@@ -88,3 +88,39 @@ def test_pending_queue_serves_oldest_v_traj_first():
     assert q.remove_if(lambda x: x in "ed") == ["d", "e"]
     assert q.remove_if(lambda x: False) == []
     assert [q.pop() for _ in range(len(q))] == ["b", "a", "c"]
+
+
+# The authors' TP1 fit of a 14B model: steps grow with the KV cache and the batch.
+FIT_14B = LatencyModel(a=0.0019664, b=1.165e-7, c=0.012303, d=0.0049075, e=2.441e-4)
+
+
+def _kv_cluster(rows, slots=256, capacity=190_000):
+    """rows: (version, running, queued, kv_tokens)."""
+    return ClusterView.from_views([InstanceView(i, v, r, q, kv, slots, kv_capacity=capacity)
+                                   for i, (v, r, q, kv) in enumerate(rows)])
+
+
+def test_version_first_prefers_the_newest_weights_that_are_worth_it():
+    router = build_router("version_first", FIT_14B)
+    cv = _kv_cluster([(2, 4, 0, 8_000), (3, 10, 0, 30_000), (3, 2, 0, 4_000)])
+    # Instance 0 gains most, but instances 1 and 2 hold newer weights; 2 gains more than 1.
+    assert router.choose(cv, np.ones(3, bool), Request(1, 300)) == 2
+
+
+def test_version_first_makes_a_request_wait_rather_than_overfill_a_cache():
+    router = build_router("version_first", FIT_14B)
+    full = _kv_cluster([(3, 40, 0, 185_000), (3, 60, 0, 150_000)])
+    # Instance 0 has no room for the prompt; instance 1 has room but 60 long sequences
+    # make one more worth < 0.2 of what it gains alone: the request waits.
+    assert router.choose(full, np.ones(2, bool), Request(1, 8_000)) is None
+    idle = _kv_cluster([(3, 40, 0, 185_000), (1, 0, 0, 0)])
+    assert router.choose(idle, np.ones(2, bool), Request(1, 8_000)) == 1  # idle always qualifies
+    unlimited = cluster([(3, 40, 0, 185_000)], slots=256)  # no capacity reported: no KV check
+    assert build_router("version_first", FIT_14B).choose(
+        unlimited, np.ones(1, bool), Request(1, 300)) in (0, None)
+
+
+def test_version_first_checks_its_threshold():
+    with pytest.raises(ValueError, match="threshold"):
+        from asyncrl.coordinator.routing import VersionFirst
+        VersionFirst(FIT_14B, threshold=1.5)

@@ -26,14 +26,19 @@ class Verl(Admission):
     is measured, never prevented.
 
     `staleness_threshold` None means η (the queue plus in-flight work is then bounded by
-    (1 + η) · B, AReaL's bound); `max_queue_size` 0 means (1 + threshold) · k · B.
+    (1 + η) · B, AReaL's bound: the same model as AReaL, so a comparison would count one
+    system twice); `trigger_parameter_sync_step` None means η (at least 1), the setting the
+    simulator's "verl" system uses with verl's recommended ratio (asyncrl/sim/config.py);
+    `max_queue_size` 0 means (1 + threshold) · k · B.
     """
 
     bounded = False
 
     def __init__(self, *, eta: int, batch_size: int, staleness_threshold: float | None = None,
-                 trigger_parameter_sync_step: int = 1, max_queue_size: int = 0):
+                 trigger_parameter_sync_step: int | None = 1, max_queue_size: int = 0):
         threshold = float(eta if staleness_threshold is None else staleness_threshold)
+        if trigger_parameter_sync_step is None:
+            trigger_parameter_sync_step = max(1, eta)
         if threshold < 0 or trigger_parameter_sync_step < 1 or max_queue_size < 0:
             raise ValueError(
                 f"verl: need staleness_threshold ≥ 0, trigger_parameter_sync_step ≥ 1 and "
