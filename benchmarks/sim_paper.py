@@ -1,85 +1,134 @@
-r"""StaleFlow against verl, AReaL, ROLL, slime and synchronous RL, at the paper's headline point.
+r"""StaleFlow against verl, AReaL, ROLL, slime, one-step-off and synchronous RL, in steady state.
 
-  python benchmarks/sim_paper.py [--out=experiments/sim/results/bench]
+  python benchmarks/sim_paper.py [--regime=paper|latency] [--quick] [--workers=2]
+      [--out=experiments/sim/results/bench_<regime>]
 
-Runs the 128-instance (1,024-GPU rollout), η = 2 point of the simulator for every system,
-plus StaleFlow at 1,024 instances to time the coordinator, and prints, as its last line:
+Every system runs at every configured η of `--etas` (sync and one_step fix their own) over
+`--seeds` seeds, each run measured over the steady window (asyncrl/sim/config.py: 2 cycles
+of η + 1 steps of warm-up, then 8 whole cycles). Regimes (asyncrl/sim/regimes.py): `paper`
+(TP1 14B engines with a KV cache and preemption, 32 + 32 GPUs, B = 128 × 16, responses up
+to 20k) and `latency` (the latency-bound grid's 8-GPU fused engines, 32 instances, B = 128).
+Prints a table, then as its last line JSON:
 
-  {"throughput": {system: tokens/s}, "staleflow_vs": {baseline: ratio},
-   "mean_vs_baselines": mean ratio over verl/AReaL/ROLL/slime,
-   "max_staleness": {system: observed max},
-   "staleflow_vs_matched_staleness": {baseline: ratio},
-   "coordinator_s_per_step": wall s inside the coordinator core per training step (1,024),
-   "modelled_step_s": that run's modelled (virtual) seconds per training step}
-
-`staleflow_vs` compares at the same configured η. The baselines' bounds are looser than η
-(AReaL, verl and slime train responses up to η + 1 versions old), so
-`staleflow_vs_matched_staleness` also compares StaleFlow at η = 2 with each baseline at the
-largest η' ≤ 2 whose *observed* maximum staleness is ≤ 2. Goals: mean_vs_baselines ≥ 1.5;
-coordinator_s_per_step < 1 % of modelled_step_s. ~1 minute on one core.
+  regime, window {η: [warm-up, measured]}, seeds, eta (the headline η),
+  staleflow_vs          baseline → median over seeds of StaleFlow / baseline at equal η
+  staleflow_vs_spread   baseline → max − min of those per-seed ratios
+  staleflow_vs_matched_max, staleflow_vs_matched_mean   (asyncrl/sim/compare.py)
+  mean_vs_strict        mean of staleflow_vs over slime, one_step and sync
+  max_staleness, mean_staleness   system → observed, at the headline η
+  frontier              system → η → {throughput, max/mean staleness, share above η}
+  frontier_min_ratio    the smallest, over every observed max a baseline reaches, of
+                        StaleFlow's throughput at that max over the baseline's
+  frontier_at_max_2     baseline → StaleFlow's ratio at observed max staleness 2
+  wall_s                the benchmark's wall time
+Costs on two cores (2 workers): paper ~25 CPU-minutes for the full η ∈ {0..4} × 3 seeds
+(~0.9 s of one core per simulated step: the cache preempts thousands of sequences a step),
+latency ~10. `--quick` runs η ∈ {1, 2} only (the headline and the matched-max point).
 """
 
 import argparse
+import concurrent.futures
 import json
+import multiprocessing
 import os
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from asyncrl.cli import exit_on_user_error  # noqa: E402
-from asyncrl.sim.config import run_config, systems  # noqa: E402
+from asyncrl.sim import compare  # noqa: E402
+from asyncrl.sim.config import systems  # noqa: E402
+from asyncrl.sim.regimes import REGIMES, regime_config  # noqa: E402
 from asyncrl.sim.run import BASELINES, simulate_point, write_outputs  # noqa: E402
 
-SYSTEMS = (*BASELINES, "staleflow")
-PAPER_FOUR = ("verl", "areal", "roll", "slime")
+FIXED_ETA = {"sync": 0, "one_step": 1}  # systems that fix their own η
 
 
-def run(system, instances, eta):
-    return simulate_point(run_config(), systems(), system, instances=instances, eta=eta)
+def _run(job):
+    regime, label, eta, seed, overrides = job
+    c = regime_config(regime)
+    for name, value in overrides.items():
+        c[name] = value
+    return simulate_point(c, systems(), label, instances=c.num_instances, eta=eta, seed=seed)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="experiments/sim/results/bench",
-                        help="where the table and plots of these runs go")
-    parser.add_argument("--instances", type=int, default=128)
-    parser.add_argument("--eta", type=int, default=2)
+    parser.add_argument("--regime", default="paper", choices=sorted(REGIMES))
+    parser.add_argument("--eta", type=int, default=2, help="the headline η")
+    parser.add_argument("--etas", default="0,1,2,3,4", help="configured η of the frontier")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="η ∈ {1, 2} only")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                        help="override a run-config field, e.g. --set num_instances=16")
+    parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.seeds < 1:
+        raise ValueError(f"--seeds={args.seeds}: must be ≥ 1")
+    etas = sorted({1, 2, args.eta} if args.quick else
+                  {int(e) for e in args.etas.split(",")} | {args.eta})
+    overrides = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        overrides[name] = json.loads(value)
     t0 = time.perf_counter()
 
-    results = {s: run(s, args.instances, args.eta) for s in SYSTEMS}
-    tput = {s: r.throughput_tok_s for s, r in results.items()}
-    vs = {b: tput["staleflow"] / tput[b] for b in ("verl", "areal", "roll", "slime", "sync")}
+    jobs = []
+    for label in (*BASELINES, "staleflow"):
+        for eta in ([FIXED_ETA[label]] if label in FIXED_ETA else etas):
+            jobs += [(args.regime, label, eta, seed, overrides) for seed in range(args.seeds)]
+    # Spawned, not forked: no state of this process leaks into the workers.
+    with concurrent.futures.ProcessPoolExecutor(
+            args.workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        results = list(pool.map(_run, jobs))
 
-    # Matched by what each baseline actually delivers, not what it is configured to.
-    matched, extra = {}, []
-    for b in PAPER_FOUR:
-        for eta in range(args.eta, 0, -1):
-            r = results[b] if eta == args.eta else run(b, args.instances, eta)
-            if eta != args.eta:
-                extra.append(r)
-            if r.max_staleness <= args.eta:
-                matched[b] = tput["staleflow"] / r.throughput_tok_s
-                break
+    cmp = compare.compare(results, args.eta, BASELINES)
+    front = compare.frontier(results)
+    min_ratio, pairs = compare.frontier_min_ratio(front, BASELINES)
+    at2 = {}
+    for b in ("verl", "areal"):
+        mine = compare.best_within(front["staleflow"], "max_staleness", 2)
+        theirs = compare.best_within(front[b], "max_staleness", 2)
+        at2[b] = None if mine is None or theirs is None else mine / theirs
+    head = {s: (pts[args.eta] if args.eta in pts else next(iter(pts.values())))
+            for s, pts in front.items()}
+    windows = {r.eta: [r.warmup_steps, r.measure_steps] for r in results}
+    strict = [cmp["staleflow_vs"][b] for b in compare.STRICT]
 
-    big = run("staleflow", 1024, args.eta)
-    steps = run_config().warmup_steps + run_config().measure_steps  # the timer spans them all
-    write_outputs([*results.values(), *extra, big], args.out)
-
-    for s, r in results.items():
-        print(f"{s:10s} {r.throughput_tok_s / 1e3:9.1f}k tok/s  step {r.step_time_s:6.1f}s  "
-              f"max staleness {r.max_staleness}  wasted {r.wasted_frac:.1%}")
-    print(f"({time.perf_counter() - t0:.0f} s wall)")
+    write_outputs(results, args.out or f"experiments/sim/results/bench_{args.regime}")
+    print(f"regime {args.regime}: throughput (k tok/s, median of {args.seeds} seeds) "
+          "and observed max / mean staleness per configured η")
+    for system, pts in front.items():
+        cells = "  ".join(f"η={e}: {p['throughput'] / 1e3:7.1f}k {p['max_staleness']}/"
+                          f"{p['mean_staleness']:.2f}" for e, p in pts.items())
+        print(f"{system:10s} {cells}")
+    wall = time.perf_counter() - t0
+    print(f"({wall:.0f} s wall, {len(results)} runs)")
+    rnd = _rounded
     print(json.dumps({
-        "throughput": {s: round(v, 1) for s, v in tput.items()},
-        "staleflow_vs": {b: round(v, 3) for b, v in vs.items()},
-        "mean_vs_baselines": round(sum(vs[b] for b in PAPER_FOUR) / len(PAPER_FOUR), 3),
-        "max_staleness": {s: r.max_staleness for s, r in results.items()},
-        "staleflow_vs_matched_staleness": {b: round(v, 3) for b, v in matched.items()},
-        "coordinator_s_per_step": round(big.coordinator_s / steps, 4),
-        "modelled_step_s": round(big.step_time_s, 2),
+        "regime": args.regime, "window": windows, "seeds": args.seeds, "eta": args.eta,
+        "staleflow_vs": rnd(cmp["staleflow_vs"]),
+        "staleflow_vs_spread": rnd(cmp["staleflow_vs_spread"]),
+        "staleflow_vs_matched_max": rnd(cmp["staleflow_vs_matched_max"]),
+        "staleflow_vs_matched_mean": rnd(cmp["staleflow_vs_matched_mean"]),
+        "mean_vs_strict": round(statistics.fmean(strict), 3),
+        "max_staleness": {s: p["max_staleness"] for s, p in head.items()},
+        "mean_staleness": {s: round(p["mean_staleness"], 3) for s, p in head.items()},
+        "frontier": {s: {e: {k: round(v, 3) if isinstance(v, float) else v
+                             for k, v in p.items()} for e, p in pts.items()}
+                     for s, pts in front.items()},
+        "frontier_min_ratio": None if min_ratio is None else round(min_ratio, 3),
+        "frontier_min_at": min(pairs, key=lambda q: q["ratio"]) if pairs else None,
+        "frontier_at_max_2": rnd(at2),
+        "wall_s": round(wall, 1),
     }))
+
+
+def _rounded(d):
+    return {k: None if v is None else round(v, 3) for k, v in d.items()}
 
 
 if __name__ == "__main__":

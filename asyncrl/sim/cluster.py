@@ -30,9 +30,9 @@ from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, E
                                           Sync, Synced)
 from asyncrl.coordinator.redundancy import build_redundancy
 from asyncrl.sim.build import batch_size, core_from_sim_config, num_slots
-from asyncrl.sim.config import label_of
+from asyncrl.sim.config import label_of, window
 from asyncrl.sim.events import EventLoop
-from asyncrl.sim.instance import DONE, GONE, QUEUED, RUNNING, SimInstance, Traj
+from asyncrl.sim.instance import DONE, GONE, PREEMPTED, QUEUED, RUNNING, SimInstance, Traj
 from asyncrl.sim.metrics import CoordTimer, Metrics, Result
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.prompts import SimPrompts
@@ -55,7 +55,8 @@ class Cluster:
         self.partial_rollout = c.coordinator.partial_rollout
         self.reprefill = c.reprefill_on_resume
         self.transfer_s = self.profile.transfer_s()
-        self.total_steps = c.warmup_steps + c.measure_steps
+        self.warmup_steps, measure = window(c)
+        self.total_steps = self.warmup_steps + measure
         self.group_size = c.group_size
         launch = build_redundancy(c.coordinator.redundancy).responses_to_launch(c.group_size)
         self.prompts = SimPrompts(c, launch)
@@ -91,7 +92,7 @@ class Cluster:
         m, counters = self.metrics, self.core.counters
         m.migrated, m.dropped_groups = counters.migrated, counters.aborted_entries
         return Result.from_metrics(
-            m, warmup=c.warmup_steps, system=label_of(c), instances=c.num_instances,
+            m, warmup=self.warmup_steps, system=label_of(c), instances=c.num_instances,
             eta=c.eta, seed=c.seed, batch_groups=self.batch_size, group_size=c.group_size,
             events=self.loop.processed, wall_s=time.perf_counter() - wall,
             coordinator_s=self.timer.total)
@@ -142,7 +143,7 @@ class Cluster:
             for i in (changed if len(changed) == 1 else sorted(changed)):
                 inst = changed[i]
                 events.append(InstanceState(i, inst.version, inst.n, inst.nq, inst.kv,
-                                            inst.slots, inst.syncing, inst.steps))
+                                            inst.slots, inst.syncing, inst.steps, inst.kv_report))
             self._changed = {}
         return events
 
@@ -253,7 +254,7 @@ class Cluster:
             traj = self.trajs.get(t)
             if traj is None or traj.inst is not inst:
                 continue
-            running = traj.state == RUNNING
+            running = traj.state in (RUNNING, PREEMPTED)  # the server has both running
             if inst.remove(traj, now):  # False: it finished on its last step meanwhile
                 if running:  # a queued one never started: the server still has it ROUTED
                     self.server.report(t, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, None)
@@ -273,7 +274,7 @@ class Cluster:
         """Its tokens will never train: the entry was aborted, or it was a surplus response."""
         if traj.state == GONE:
             return
-        if traj.state in (QUEUED, RUNNING):  # taken off its instance, which refills later
+        if traj.state in (QUEUED, RUNNING, PREEMPTED):  # taken off its instance, which refills later
             inst = traj.inst
             inst.remove(traj, self.loop.now)
             self._touched[inst.idx] = inst

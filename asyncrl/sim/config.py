@@ -18,7 +18,9 @@ Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   prompt_lengths, response_lengths   named distributions (asyncrl/sim/workload.py)
   pass_rate_beta         (a, b): each prompt's chance of a reward of 1 (asyncrl/sim/prompts.py)
   reprefill_on_resume    an interrupted response re-prefills its KV on resume
-  warmup_steps, measure_steps   throughput is measured over the steps after warmup
+  warmup_steps, measure_steps   throughput is measured over the steps after warmup; None
+                         (the default) is the steady window of `window()`:
+  warmup_cycles, measure_cycles  warm-up and measured window in cycles of η + 1 steps
   max_sim_time_s         a run that has not finished by then has deadlocked: an error
 
 `systems()` names the systems a grid compares, each a labelled variant of an admission.
@@ -75,8 +77,13 @@ def run_config() -> ml_collections.ConfigDict:
         {"name": "empirical", "path": "long_cot_math.json"})
     c.pass_rate_beta = (1.0, 1.0)
     c.reprefill_on_resume = True
-    c.warmup_steps = 2
-    c.measure_steps = 6
+    # StaleFlow's steps run in a cycle of η + 1 (one long step while every instance syncs,
+    # then η short ones), and the baselines settle only after their first steps: a window
+    # that is not whole cycles past a warm-up of two cycles measures a transient.
+    c.warmup_steps = None
+    c.measure_steps = None
+    c.warmup_cycles = 2
+    c.measure_cycles = 8
     c.max_sim_time_s = 1.0e7
     for name in MOVED:
         c[name] = ""  # a placeholder, so that setting it reaches `check` and its message
@@ -89,6 +96,7 @@ def systems() -> ml_collections.ConfigDict:
     coordinator fields it sets, and `eta` where the system fixes its own.
 
     The baselines route least-loaded and never migrate; StaleFlow uses every tool it has.
+    verl syncs every η steps with a ratio window of 0.5·B per step (its recommended setting).
     slime updates the weights every η steps, over-sampling 1.5·B and recycling the surplus as
     partial rollouts; ROLL is AReaL's admission plus its replay buffer's collection.
     """
@@ -96,7 +104,11 @@ def systems() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({
         "sync": {"eta": 0, "coordinator": {"admission": "barrier", **base}},
         "one_step": {"eta": 1, "coordinator": {"admission": "barrier", **base}},
-        "verl": {"coordinator": {"admission": "verl", **base}},
+        # verl as its README recommends, not AReaL's bound under another name: a sample
+        # ratio (0.5 of a batch per update) whose window resets at each parameter sync, one
+        # sync every η local updates.
+        "verl": {"coordinator": {"admission": "verl", **base, "admission_params": {"verl": {
+            "staleness_threshold": 0.5, "trigger_parameter_sync_step": None}}}},
         "areal": {"coordinator": {"admission": "token_bucket", **base}},
         "roll": {"coordinator": {"admission": "token_bucket", **base,
                                  "admission_params": {"token_bucket": {"drop_stale": True}}}},
@@ -141,6 +153,23 @@ def system_config(run, systems_table, label: str, **fields) -> ml_collections.Co
     return rc
 
 
+def window(c) -> tuple[int, int]:
+    """(warm-up, measured) training steps: the explicit `warmup_steps` / `measure_steps`, or
+    whole cycles of η + 1 steps (`warmup_cycles`, `measure_cycles`)."""
+    cycle = c.eta + 1
+    warmup = c.warmup_cycles * cycle if c.warmup_steps is None else c.warmup_steps
+    measure = c.measure_cycles * cycle if c.measure_steps is None else c.measure_steps
+    return warmup, measure
+
+
+def is_steady(c) -> bool:
+    """Whether the window meets the steady-state rule every reported ratio needs: warm-up ≥
+    2(η + 1) steps and a measured window of ≥ 8 whole cycles of η + 1."""
+    warmup, measure = window(c)
+    cycle = c.eta + 1
+    return warmup >= 2 * cycle and measure % cycle == 0 and measure >= 8 * cycle
+
+
 def label_of(c) -> str:
     return c.label or c.coordinator.admission
 
@@ -152,10 +181,14 @@ def check(c) -> None:
             raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
     ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
     for name, minimum in (("num_instances", 1), ("eta", 0), ("group_size", 1), ("warmup_steps", 0),
-                          ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0)):
+                          ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0),
+                          ("warmup_cycles", 0), ("measure_cycles", 1)):
         value = c[name]
+        if value is None and name in ("warmup_steps", "measure_steps"):
+            continue  # the steady window, in cycles
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(f"{name}={value!r}: must be an int ≥ {minimum}")
+            raise ConfigError(f"{name}={value!r}: must be an int ≥ {minimum}"
+                              + (" (or None: the steady window)" if name.endswith("_steps") else ""))
     if c.batch_size == 0 and not c.groups_per_instance > 0:
         raise ConfigError(
             f"groups_per_instance={c.groups_per_instance!r}: must be > 0 when batch_size=0")

@@ -17,16 +17,28 @@ free slots (oldest V_traj first) through the TrajectoryServer's `try_start`, rep
 and interrupted trajectories through `report`, pulls weights between two decode steps (with
 partial rollout off, only once its running trajectories have finished, starting nothing new
 meanwhile), and tells the cluster whenever its state changed, which becomes an InstanceState.
+
+With a KV capacity (the profile's `instance.kv_capacity_tokens`) it behaves as vLLM's
+scheduler with recompute preemption: a queued sequence starts only if its prompt and tokens
+so far fit (with a 1% watermark); when the running batch would outgrow the cache, the
+youngest sequence is evicted, keeps its tokens, and waits at the head of the queue to be
+re-prefilled. The engine does this on its own: for the coordinator (and the server) an
+evicted sequence is still running on this instance, and the snapshot counts it as queued.
 """
 
 from __future__ import annotations
 
+import collections
 import heapq
+import math
 
 from asyncrl.coordinator.routing import PendingQueue
 
 # Where a simulated trajectory is (the server's lifecycle has more states, e.g. REWARDED).
-HELD, QUEUED, RUNNING, DONE, GONE = range(5)  # GONE: dropped, its tokens counted as wasted
+# GONE: dropped, its tokens counted as wasted. PREEMPTED: evicted by the engine for KV space,
+# started as far as the server knows, waiting on this instance to be re-prefilled.
+HELD, QUEUED, RUNNING, DONE, GONE, PREEMPTED = range(6)
+_WATERMARK = 0.01  # vLLM keeps 1% of the KV blocks free when it admits a sequence
 
 
 class Traj:
@@ -66,6 +78,10 @@ class SimInstance:
         self.model = cluster.profile.latency
         self.prefill_s = cluster.profile.latency.prefill_s_per_token
         self.slots = cluster.slots
+        self.kv_cap = cluster.profile.kv_capacity_tokens or math.inf
+        self.kv_admit = self.kv_cap * (1.0 - _WATERMARK)
+        self.kv_report = int(cluster.profile.kv_capacity_tokens)  # 0: not limited
+        self.front: collections.deque[Traj] = collections.deque()  # served first: evicted work
         self.partial_rollout = cluster.partial_rollout
         self.version = 0
         self.syncing = False  # a pull is asked for, waiting (no partial rollout) or running
@@ -144,9 +160,34 @@ class SimInstance:
         if self.n == 0:
             self.planned = 0
             return
+        if self.kv + self.n > self.kv_cap:
+            self._preempt()
+            if self.n == 0:
+                self.planned = 0
+                return
         self.planned = heap[0][0] - self.steps
+        if self.kv_cap < math.inf:  # the chunk ends where the cache would overflow
+            self.planned = min(self.planned, max(1, int((self.kv_cap - self.kv) // self.n)))
         end = self.clock + self.model.chunk_time(self.n, self.kv, self.planned)
         self.loop.at(end, self._on_chunk_end, self.plan)
+
+    def _preempt(self) -> None:
+        """Evicts the youngest running sequences until one more step fits (a lone sequence
+        larger than the cache runs on: it would otherwise never finish)."""
+        running, front = self.running, self.front
+        while self.n > 1 and self.kv + self.n > self.kv_cap:
+            _, traj = running.popitem()  # the last started: vLLM's lowest priority
+            traj.gen += self.steps - traj.base_step
+            traj.state = PREEMPTED
+            self.n -= 1
+            self.nq += 1
+            self.kv -= traj.prompt + traj.gen
+            front.appendleft(traj)
+            self.metrics.preemptions += 1
+        heap = self.heap
+        while heap and (heap[0][2].state != RUNNING or heap[0][2].inst is not self
+                        or heap[0][2].finish_step != heap[0][0]):
+            heapq.heappop(heap)
 
     # ---------------------------------------------------------------- work
 
@@ -172,13 +213,19 @@ class SimInstance:
         queue = self.queue
         heap = self.heap
         running = self.running
+        front = self.front
         try_start = self.server.try_start
         while self.n < self.slots and self.nq:
-            traj = direct.pop() if direct else queue.pop()
-            if traj.state != QUEUED or traj.inst is not self:
+            traj = front.popleft() if front else direct.pop() if direct else queue.pop()
+            if traj.inst is not self or traj.state not in (QUEUED, PREEMPTED):
                 continue
+            if self.n and self.kv + traj.prompt + traj.gen + self.n + 1 > self.kv_admit:
+                front.appendleft(traj)  # first come first served: nothing overtakes it
+                break
             self.nq -= 1
-            if not try_start(traj.id, self.steps):
+            if traj.state == PREEMPTED:
+                pass  # started before: the server has it running here
+            elif not try_start(traj.id, self.steps):
                 # Aborted or re-routed since it was queued (a live instance skips it too).
                 traj.state, traj.inst = HELD, None
                 continue
@@ -218,6 +265,9 @@ class SimInstance:
             self.kv -= traj.prompt + traj.gen
         elif traj.state == QUEUED:
             self.nq -= 1
+        elif traj.state == PREEMPTED:
+            self.nq -= 1
+            self.front.remove(traj)
         else:
             return False
         traj.state = HELD

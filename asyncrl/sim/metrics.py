@@ -24,6 +24,7 @@ class Metrics:
         self.reprefill_tokens = 0.0  # KV recomputed after interruptions and migrations
         self.pulls = 0
         self.migrated = 0
+        self.preemptions = 0  # sequences the engine evicted for KV space (re-prefilled later)
         self.dropped_groups = 0
 
     @property
@@ -69,6 +70,9 @@ class Result:
     migrated: int
     dropped_groups: int
     events: int
+    preemptions: int = 0
+    warmup_steps: int = 0  # the window the throughput was measured over
+    measure_steps: int = 0
     wall_s: float = 0.0
     coordinator_s: float = 0.0
 
@@ -93,5 +97,8 @@ class Result:
             pulls=m.pulls,
             migrated=m.migrated,
             dropped_groups=m.dropped_groups,
+            preemptions=m.preemptions,
+            warmup_steps=warmup,
+            measure_steps=measured,
             **fields,
         )

@@ -7,6 +7,8 @@
   weights       weights_bytes / bandwidth + a fixed pause/load/resume overhead, for a push
                 (trainer → parameter server), a pull (server → instance) or a broadcast
   reward        a fixed latency per group once its last response finished
+  KV cache      instance.kv_capacity_tokens (optional; 0 or absent: unlimited) with vLLM's
+                recompute preemption (asyncrl/sim/instance.py)
 
 The JSON schema is shown by `profiles/qwen2p5_7b_8xh100.json`; unknown or missing fields are
 errors that name the file and the field.
@@ -22,8 +24,9 @@ from asyncrl.jsonfile import read_json_object
 
 PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 
+_OPTIONAL = {"instance.kv_capacity_tokens": 0.0}
 _SECTIONS = {
-    "instance": ("num_slots",),
+    "instance": ("num_slots", "kv_capacity_tokens"),
     "network": ("weight_bandwidth_bytes_per_s", "weight_sync_overhead_s"),
     "trainer": ("gpu_s_per_token", "step_overhead_s"),
     "reward": ("latency_s",),
@@ -43,6 +46,7 @@ class Profile:
     gpu_s_per_token: float
     step_overhead_s: float
     reward_latency_s: float
+    kv_capacity_tokens: int = 0  # 0: unlimited
 
     def transfer_s(self) -> float:
         """One copy of the weights: a push, a pull, or a broadcast to all instances at once."""
@@ -70,7 +74,11 @@ class Profile:
                     f"{path}: unknown field(s) {section}.{extra}; expected {list(keys)}")
             for key in keys:
                 where = f"{path}: field '{section}.{key}'"
-                values[f"{section}.{key}"] = _number(d[section], key, where)
+                name = f"{section}.{key}"
+                if name in _OPTIONAL and key not in d[section]:
+                    values[name] = _OPTIONAL[name]
+                    continue
+                values[name] = _number(d[section], key, where)
         weights = _number(d, "weights_bytes", f"{path}: field 'weights_bytes'")
         slots = values["instance.num_slots"]
         if slots != int(slots) or slots < 1:
@@ -88,6 +96,7 @@ class Profile:
             gpu_s_per_token=values["trainer.gpu_s_per_token"],
             step_overhead_s=values["trainer.step_overhead_s"],
             reward_latency_s=values["reward.latency_s"],
+            kv_capacity_tokens=int(values["instance.kv_capacity_tokens"]),
         )
 
 

@@ -22,6 +22,7 @@ from typing import Iterable
 import ml_collections
 
 from asyncrl.sim.cluster import Cluster
+from asyncrl.sim.compare import median_spread, seed_ratios
 from asyncrl.sim.config import check, system_config
 from asyncrl.sim.metrics import Result
 
@@ -126,41 +127,44 @@ def write_csv(results: Iterable[Result], path: str) -> None:
             w.writerow(row)
 
 
-def ratios(results: list[Result]) -> dict[tuple[int, int], dict[str, float]]:
-    """StaleFlow's throughput over each baseline's, per (instances, η), averaged over seeds."""
-    by_point: dict[tuple[int, int], dict[str, list[float]]] = {}
+def ratios(results: list[Result]) -> dict[tuple[int, int], dict[str, tuple[float, float]]]:
+    """StaleFlow's throughput over each baseline's, per (instances, η): the median over seeds
+    of the per-seed ratio (same seed, same workload) and its spread (max − min)."""
+    by_point: dict[tuple[int, int], dict[str, list[Result]]] = {}
     for r in results:
-        point = by_point.setdefault((r.instances, r.eta), {})
-        point.setdefault(r.system, []).append(r.throughput_tok_s)
+        by_point.setdefault((r.instances, r.eta), {}).setdefault(r.system, []).append(r)
     out = {}
     for point, d in by_point.items():
-        mean = {k: sum(v) / len(v) for k, v in d.items()}
-        if "staleflow" in mean:
-            out[point] = {b: mean["staleflow"] / mean[b] for b in BASELINES if b in mean}
+        if "staleflow" in d:
+            out[point] = {b: median_spread(seed_ratios(d["staleflow"], d[b]))
+                          for b in BASELINES if b in d}
     return out
 
 
 def markdown(results: list[Result]) -> str:
     systems = list(dict.fromkeys(r.system for r in results))
     points = sorted({(r.instances, r.eta) for r in results})
-    tput = {(r.instances, r.eta, r.system): r for r in results}
+    tput: dict[tuple, list[float]] = {}  # the median over seeds
+    for r in results:
+        tput.setdefault((r.instances, r.eta, r.system), []).append(r.throughput_tok_s)
     lines = ["### Throughput (response tokens/s, thousands)", "",
              "| instances | η | " + " | ".join(systems) + " |",
              "|---:|---:|" + "---:|" * len(systems)]
     for n, eta in points:
-        cells = [f"{tput[(n, eta, s)].throughput_tok_s / 1e3:.1f}" if (n, eta, s) in tput else "–"
-                 for s in systems]
+        cells = [f"{median_spread(tput[(n, eta, s)])[0] / 1e3:.1f}" if (n, eta, s) in tput
+                 else "–" for s in systems]
         lines.append(f"| {n} | {eta} | " + " | ".join(cells) + " |")
     rat = ratios(results)
     if rat:
         base = [b for b in BASELINES if any(b in d for d in rat.values())]
-        lines += ["", "### StaleFlow speed-up (× baseline throughput)", "",
+        lines += ["", "### StaleFlow speed-up (× baseline throughput; median over seeds ± spread)",
+                  "",
                   "| instances | η | " + " | ".join(base) + " | mean of verl/areal/roll/slime |",
                   "|---:|---:|" + "---:|" * (len(base) + 1)]
         for (n, eta), d in sorted(rat.items()):
-            four = [d[b] for b in ("verl", "areal", "roll", "slime") if b in d]
+            four = [d[b][0] for b in ("verl", "areal", "roll", "slime") if b in d]
             mean = f"{sum(four) / len(four):.2f}" if four else "–"
-            cells = " | ".join(f"{d[b]:.2f}" if b in d else "–" for b in base)
+            cells = " | ".join(f"{d[b][0]:.2f} ±{d[b][1]:.2f}" if b in d else "–" for b in base)
             lines.append(f"| {n} | {eta} | {cells} | {mean} |")
     etas = sorted({r.eta for r in results})
     lines += ["", "### Observed staleness of consumed entries (max / mean over all runs)", "",

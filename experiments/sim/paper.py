@@ -3,14 +3,18 @@ r"""The simulator's paper grid: every system at 32–1,024 instances and η ∈ 
   python -m asyncrl.sim --config=experiments/sim/paper.py --workdir=/tmp/sim_paper
   python -m asyncrl.sim --config=experiments/sim/paper.py:runlocal --workdir=/tmp/sim_small
 
-Full grid: 5 cluster sizes × 3 η × 7 systems = 105 points, 85 runs (sync and one_step fix
-their own η: one run fills every η's row). Each run is 2 + 6 training steps of a 512-prompt ×
-16-response batch, every trajectory going through the coordinator core and the trajectory
-server as live ones do, so a run costs about the same at 32 and at 1,024 instances (the
-batch is fixed): ~5 s of one core, the grid ~7 CPU-minutes, spread over `grid.workers`
-processes (one per core, at most 4; results are identical for any number). Writes
-results.csv, results.md, timing.json, throughput.png and staleness.png to the workdir.
-`runlocal` shrinks it to 2 sizes × 2 η for a quick look.
+This is the latency-bound study (8-GPU instances fused into one 512-slot engine, no KV
+limit); benchmarks/sim_paper.py --regime=paper runs the paper's own TP1 regime.
+
+Full grid: 5 cluster sizes × 3 η × 7 systems × 3 seeds (sync and one_step fix their own η:
+one run fills every η's row). Each run measures the steady window (asyncrl/sim/config.py:
+2 cycles of η + 1 steps of warm-up, 8 measured) of a 512-prompt × 16-response batch, every
+trajectory going through the coordinator core and the trajectory server as live ones do,
+so a run costs about the same at 32 and at 1,024 instances (the batch is fixed): ~0.8 s of
+one core per step, the grid ~2 CPU-hours, spread over `grid.workers` processes (one per
+core, at most 4; results are identical for any number). Writes results.csv, results.md
+(ratios as the median over seeds ± spread), timing.json, throughput.png and staleness.png
+to the workdir. `runlocal` shrinks it to 2 sizes × 2 η × 1 seed for a quick look.
 
 Workload: a 7B-class model on 8-GPU rollout instances (asyncrl/sim/profiles/
 qwen2p5_7b_8xh100.json, from public figures), long chain-of-thought math response lengths
@@ -34,7 +38,7 @@ def get_config(arg=None):
     config.grid = ml_collections.ConfigDict()
     config.grid.instances = [32, 64, 128, 256, 1024]
     config.grid.etas = [1, 2, 4]
-    config.grid.seeds = [arg.seed]
+    config.grid.seeds = [arg.seed, arg.seed + 1, arg.seed + 2]  # ratios: median ± spread
     # Labels of `config.systems`, each an admission with its parameters (asyncrl/sim/config.py):
     # sync = barrier at η = 0, one_step = barrier at η = 1, slime = barrier over-sampling 1.5
     # (weights updated every η steps), areal = token_bucket, roll = token_bucket dropping
@@ -46,5 +50,5 @@ def get_config(arg=None):
     if arg.runlocal:
         config.grid.instances = [32, 128]
         config.grid.etas = [1, 2]
-        config.run.measure_steps = 4
+        config.grid.seeds = [arg.seed]
     return config
