@@ -110,3 +110,19 @@ def compare(results, eta: int, baselines: Iterable[str], system: str = "staleflo
         matched_mean[b] = None if best is None else mine["throughput"] / best
     return {"staleflow_vs": vs, "staleflow_vs_spread": spread,
             "staleflow_vs_matched_max": matched_max, "staleflow_vs_matched_mean": matched_mean}
+
+
+def frontier_markdown(results) -> str:
+    """The frontier as a table: per system and configured η, the median throughput over
+    seeds and the staleness it delivered."""
+    front = frontier(results)
+    lines = ["### Staleness frontier (median throughput over seeds; observed staleness)", "",
+             "| system | η | k tok/s | ± spread | max | mean | share > η | seeds |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for system, pts in front.items():
+        for eta, p in pts.items():
+            lines.append(f"| {system} | {eta} | {p['throughput'] / 1e3:.1f} | "
+                         f"{p['throughput_spread'] / 1e3:.1f} | {p['max_staleness']} | "
+                         f"{p['mean_staleness']:.2f} | {p['share_above_eta']:.1%} | "
+                         f"{p['seeds']} |")
+    return "\n".join(lines) + "\n"

@@ -6,7 +6,7 @@ Outputs of `run_grid` in the workdir:
   results.md           the throughput table (tokens/s per system; StaleFlow's ratio to
                        each baseline), and the staleness each system reached
   timing.json          wall time of each run and the coordinator's share of it
-  throughput.png, staleness.png   (asyncrl/sim/plots.py)
+  throughput.png, staleness.png, frontier.png   (asyncrl/sim/plots.py)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Iterable
 import ml_collections
 
 from asyncrl.sim.cluster import Cluster
-from asyncrl.sim.compare import median_spread, seed_ratios
+from asyncrl.sim.compare import frontier_markdown, median_spread, seed_ratios
 from asyncrl.sim.config import check, system_config
 from asyncrl.sim.metrics import Result
 
@@ -181,7 +181,15 @@ def markdown(results: list[Result]) -> str:
             else:
                 cells.append("–")
         lines.append(f"| {s} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    largest = _largest_cluster(results)
+    lines += ["", f"At {largest[0].instances} instances:", "", frontier_markdown(largest)]
+    return "\n".join(lines)
+
+
+def _largest_cluster(results: list[Result]) -> list[Result]:
+    """The runs at the largest cluster: a frontier compares one cluster's points."""
+    n = max(r.instances for r in results)
+    return [r for r in results if r.instances == n]
 
 
 def write_outputs(results: list[Result], workdir: str) -> None:
@@ -198,3 +206,4 @@ def write_outputs(results: list[Result], workdir: str) -> None:
         json.dump(timing, f, indent=1)
     plots.throughput(results, os.path.join(workdir, "throughput.png"))
     plots.staleness(results, os.path.join(workdir, "staleness.png"))
+    plots.frontier(_largest_cluster(results), os.path.join(workdir, "frontier.png"))

@@ -26,7 +26,7 @@ def test_same_seed_same_csv(tmp_path):
     run_grid(grid(2), str(b), progress=False)  # worker processes change nothing either
     assert (a / "results.csv").read_bytes() == (b / "results.csv").read_bytes()
     assert (a / "results.md").read_bytes() == (b / "results.md").read_bytes()
-    for name in ("throughput.png", "staleness.png", "timing.json"):
+    for name in ("throughput.png", "staleness.png", "frontier.png", "timing.json"):
         assert (a / name).stat().st_size > 0
     rows = (a / "results.csv").read_text().splitlines()
     assert len(rows) == 1 + 2 * 2 * 5
