@@ -20,6 +20,8 @@ Prints a table, then as its last line JSON:
   frontier_min_ratio    the smallest, over every observed max a baseline reaches, of
                         StaleFlow's throughput at that max over the baseline's
   frontier_at_max_2     baseline → StaleFlow's ratio at observed max staleness 2
+  coordinator_s_per_step, modelled_step_s   StaleFlow's core cost per step, and a step's
+                        modelled length, at the headline η
   wall_s                the benchmark's wall time
 Costs on two cores (2 workers): paper ~25 CPU-minutes for the full η ∈ {0..4} × 3 seeds
 (~0.9 s of one core per simulated step: the cache preempts thousands of sequences a step),
@@ -97,6 +99,7 @@ def main():
             for s, pts in front.items()}
     windows = {r.eta: [r.warmup_steps, r.measure_steps] for r in results}
     strict = [cmp["staleflow_vs"][b] for b in compare.STRICT]
+    ours = [r for r in results if r.system == "staleflow" and r.eta == args.eta]
 
     write_outputs(results, args.out or f"experiments/sim/results/bench_{args.regime}")
     print(f"regime {args.regime}: throughput (k tok/s, median of {args.seeds} seeds) "
@@ -123,6 +126,11 @@ def main():
         "frontier_min_ratio": None if min_ratio is None else round(min_ratio, 3),
         "frontier_min_at": min(pairs, key=lambda q: q["ratio"]) if pairs else None,
         "frontier_at_max_2": rnd(at2),
+        # Wall s inside the coordinator core per training step (warm-up steps included, the
+        # timer spans them), beside the modelled seconds a step takes: the core's cost.
+        "coordinator_s_per_step": round(statistics.fmean(
+            r.coordinator_s / (r.warmup_steps + r.measure_steps) for r in ours), 4),
+        "modelled_step_s": round(statistics.fmean(r.step_time_s for r in ours), 2),
         "wall_s": round(wall, 1),
     }))
 

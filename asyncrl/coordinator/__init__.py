@@ -18,6 +18,7 @@ from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES, Redundancy, buil
 from asyncrl.registry import Registry
 from asyncrl.coordinator.routing import (
     ROUTERS,
+    DISPATCH_MODES,
     PendingQueue,
     Request,
     Router,
@@ -39,6 +40,7 @@ __all__ = [
     "PendingQueue",
     "REDUNDANCY_POLICIES",
     "ROUTERS",
+    "DISPATCH_MODES",
     "Redundancy",
     "Registry",
     "Request",

@@ -38,7 +38,8 @@ from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, E
                                           Published, Score, Scored, Sync, Synced)
 from asyncrl.coordinator.migration import Candidate, MigrationPolicy, NoMigration, pick_trajectories
 from asyncrl.coordinator.redundancy import Redundancy
-from asyncrl.coordinator.routing import PendingQueue, Request, Router, eligible_new, eligible_resume
+from asyncrl.coordinator.routing import (DISPATCH_MODES, PendingQueue, Request, Router,
+                                         eligible_new, eligible_resume)
 from asyncrl.coordinator.view import ClusterView
 from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
 from asyncrl.staleness import StalenessError, TrajectoryState
@@ -86,12 +87,14 @@ class Core:
                  num_instances: int, num_slots: int, eta: int, group_size: int,
                  max_new_tokens: int, router: Router, redundancy: Redundancy = Redundancy(),
                  migration: MigrationPolicy = NoMigration(), migration_interval_s: float = 0.0,
-                 partial_rollout: bool = True, dynamic_sampling: bool = False):
+                 partial_rollout: bool = True, dynamic_sampling: bool = False,
+                 dispatch: str = "group"):
         self.admission, self.server, self.prompts = admission, server, prompts
         self.eta, self.group_size, self.max_new_tokens = eta, group_size, max_new_tokens
         self.router, self.redundancy, self.migration = router, redundancy, migration
         self.migration_interval_s = migration_interval_s
         self.partial_rollout, self.dynamic_sampling = partial_rollout, dynamic_sampling
+        self.per_response = DISPATCH_MODES.get(dispatch)
         self.cluster = ClusterView.empty(num_instances, num_slots)
         self.decode_steps = np.zeros(num_instances, np.int64)
         self.dead: set[int] = set()
@@ -370,23 +373,50 @@ class Core:
             eligible = eligible_new(cluster, self.admission.version_admits_new)
             if not eligible.any():  # most steps at scale: the router need not be asked
                 return
-            target = self.router.choose(cluster, eligible, Request(launch, len(prompt.tokens)))
-            if target is None:
-                return
+            if self.per_response:
+                targets = self._place_responses(eligible, launch, len(prompt.tokens))
+                if targets is None:
+                    return
+            else:
+                target = self.router.choose(cluster, eligible, Request(launch, len(prompt.tokens)))
+                if target is None:
+                    return
+                targets = [target] * launch
+                cluster.queued[target] += launch
             if self._retry:
                 self._retry.popleft()
             else:
                 self._peeked = None
-            entry, version = self.next_entry_id, int(cluster.version[target])
+            # Every response runs on weights at least as new as the oldest instance chosen,
+            # and that instance was eligible: its version can reserve.
+            entry, version = self.next_entry_id, int(cluster.version[targets].min())
             self.next_entry_id += 1
             self.admission.on_dispatched(entry, version)
             ids = self.server.add_group(entry, prompt.prompt_id, prompt.tokens, launch,
                                         self.max_new_tokens, v_traj=version)
-            for t in ids:
+            for t, target in zip(ids, targets):
                 self.server.route(t, target)
             self.counters.dispatched += 1
-            self._out.append(Dispatch(target, entry, tuple(ids), resume=False))
-            cluster.queued[target] += launch
+            for target, tids in _by_instance(zip(ids, targets)):
+                self._out.append(Dispatch(target, entry, tids, resume=False))
+
+    def _place_responses(self, eligible: np.ndarray, launch: int,
+                         prompt_tokens: int) -> list[int] | None:
+        """Routes each response of a new group on its own, counting each placement in the
+        view before the next. None (the view unchanged) if the first has nowhere to go: the
+        group waits. A later response with nowhere better to go joins the one before it,
+        as a whole group would (queued beyond the free slots)."""
+        cluster, targets = self.cluster, []
+        request = Request(1, prompt_tokens)
+        for _ in range(launch):
+            target = self.router.choose(cluster, eligible, request)
+            if target is None:
+                if not targets:
+                    return None
+                target = targets[-1]
+            targets.append(target)
+            cluster.queued[target] += 1
+        return targets
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -31,6 +31,12 @@ from asyncrl.registry import Registry
 from asyncrl.coordinator.view import ClusterView
 
 ROUTERS = Registry("router")
+# How a new group is placed: all its responses on one instance, or each routed on its own
+# (PSRL's: a group's long responses spread over several KV caches). The entry's V_traj is
+# then the oldest version among the instances its responses went to.
+DISPATCH_MODES = Registry("dispatch mode")
+DISPATCH_MODES.add("group", False)
+DISPATCH_MODES.add("per_response", True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

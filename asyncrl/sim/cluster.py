@@ -236,15 +236,18 @@ class Cluster:
             for t in command.trajectory_ids:
                 inst.enqueue(self.trajs[t])
             return
-        server = self.server
-        v_traj = server.v_traj(command.entry)
-        prompt, lengths, rewards = self.prompts.responses(server.prompt_id(command.entry))
-        members = []
-        for k, t in enumerate(command.trajectory_ids):
-            traj = self.trajs[t] = Traj(t, command.entry, prompt, lengths[k], rewards[k], v_traj)
+        server, entry = self.server, command.entry
+        v_traj = server.v_traj(entry)
+        prompt, lengths, rewards = self.prompts.responses(server.prompt_id(entry))
+        # Routed per response, a group arrives in several Dispatches: response k of the
+        # group keeps its k-th length wherever it runs.
+        position = {t: k for k, t in enumerate(server.members(entry))}
+        members = self.members.setdefault(entry, [])
+        for t in command.trajectory_ids:
+            k = position[t]
+            traj = self.trajs[t] = Traj(t, entry, prompt, lengths[k], rewards[k], v_traj)
             members.append(traj)
             inst.enqueue(traj)
-        self.members[command.entry] = members
 
     def _extract(self, command: Extract, now: float) -> None:
         """Hands trajectories back, keeping their tokens (a migration, a recycled rollout)."""

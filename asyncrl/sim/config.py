@@ -6,7 +6,7 @@ Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   label                  the system's name in results and tables ('' = the admission's name)
   coordinator.*          the live config's `coordinator` section, same names and meanings
                          (experiments/grpo.py): admission, admission_params.<name>, routing,
-                         latency_model ('' = the profile's step latency), sync,
+                         dispatch ('group' or 'per_response'), latency_model ('' = the profile's step latency), sync,
                          partial_rollout, migration, migration_interval_s, redundancy,
                          dynamic_sampling
   group_size             N responses per prompt (GRPO group)
@@ -34,6 +34,8 @@ import ml_collections
 
 from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.admission import ADMISSIONS
+from asyncrl.coordinator.routing import DISPATCH_MODES, ROUTERS
+from asyncrl.coordinator.sync import SYNC_POLICIES
 
 # Fields that moved, and where they went: setting one fails naming its new place.
 MOVED = {
@@ -59,6 +61,7 @@ def run_config() -> ml_collections.ConfigDict:
                  "max_queue_size": 0},
     })
     co.routing = "throughput_optimal"
+    co.dispatch = "group"
     co.latency_model = ""
     co.sync = "when_idle"
     co.partial_rollout = True
@@ -180,6 +183,11 @@ def check(c) -> None:
         if name in c and c[name]:
             raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
     ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
+    for name, registry in (("routing", ROUTERS), ("sync", SYNC_POLICIES),
+                           ("dispatch", DISPATCH_MODES)):
+        if c.coordinator[name] not in registry:
+            raise ConfigError(f"coordinator.{name}={c.coordinator[name]!r}: registered: "
+                              f"{', '.join(registry.names())}")
     for name, minimum in (("num_instances", 1), ("eta", 0), ("group_size", 1), ("warmup_steps", 0),
                           ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0),
                           ("warmup_cycles", 0), ("measure_cycles", 1)):

@@ -258,3 +258,25 @@ def test_a_bounded_admission_that_breaks_the_bound_is_caught_at_consume():
     core.admission.updated = 1
     with pytest.raises(StalenessError, match="V_traj 0 consumed at version 1 breaks the bound"):
         core.take_batch(1)
+
+
+def test_per_response_dispatch_spreads_a_group_over_instances():
+    server = TrajectoryServer()
+    core = Core(admission=build_admission("staleflow", eta=2, batch_size=2, redundant_batch_size=2,
+                                          sync=build_sync_policy("greedy")),
+                server=server, prompts=Prompts(), num_instances=2, num_slots=SLOTS, eta=2,
+                group_size=2, max_new_tokens=4, router=build_router("least_loaded", None),
+                dispatch="per_response")
+    commands = core.step(0.0, [state(0), state(1)])
+    for entry in range(2):
+        # Least-loaded places the two responses on the two instances, one each.
+        placed = [d for d in of(Dispatch, commands) if d.entry == entry]
+        assert sorted((d.instance, len(d.trajectory_ids)) for d in placed) == [(0, 1), (1, 1)]
+        for d in placed:
+            assert [server.instance_of(t) for t in d.trajectory_ids] == [d.instance]
+    with pytest.raises(ValueError, match="registered: group, per_response"):
+        Core(admission=build_admission("staleflow", eta=1, batch_size=1, redundant_batch_size=1,
+                                       sync=build_sync_policy("greedy")),
+             server=TrajectoryServer(), prompts=Prompts(), num_instances=1, num_slots=SLOTS,
+             eta=1, group_size=2, max_new_tokens=4, router=build_router("least_loaded", None),
+             dispatch="per_group")
