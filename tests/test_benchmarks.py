@@ -37,8 +37,14 @@ def test_protocol_benchmark():
 
 
 def test_sim_paper_benchmark(tmp_path):
-    result = _last_json("sim_paper.py", f"--out={tmp_path}", "--instances=16")
-    assert result["staleflow_vs"].keys() == {"verl", "areal", "roll", "slime", "sync"}
+    result = _last_json("sim_paper.py", f"--out={tmp_path}", "--regime=latency", "--quick",
+                        "--seeds=2", "--workers=1", "--set=num_instances=4", "--set=batch_size=8")
+    assert result["staleflow_vs"].keys() == {"verl", "areal", "roll", "slime", "sync", "one_step"}
+    assert result["staleflow_vs_spread"].keys() == result["staleflow_vs"].keys()
+    assert {"staleflow_vs_matched_max", "staleflow_vs_matched_mean", "mean_vs_strict",
+            "mean_staleness", "frontier", "frontier_min_ratio", "window"} <= result.keys()
+    assert result["regime"] == "latency" and result["seeds"] == 2
+    assert result["window"]["2"] == [6, 24]  # 2 + 8 cycles of η + 1
     assert result["max_staleness"]["staleflow"] <= 2  # the benchmark's η
     assert 0 < result["coordinator_s_per_step"] < result["modelled_step_s"]
 
