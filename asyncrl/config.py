@@ -18,7 +18,7 @@ from asyncrl.config_args import ConfigError, missing_field, parse_arg  # noqa: F
 from asyncrl.coordinator.admission import ADMISSIONS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
-from asyncrl.coordinator.routing import DISPATCH_MODES, ROUTERS, router_needs_latency
+from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, router_needs_latency
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
@@ -107,7 +107,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
             _fail(field, params.to_dict(), str(error))
     for field, registry in [
         ("coordinator.admission", ADMISSIONS), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
-        ("coordinator.dispatch", DISPATCH_MODES),
+        ("coordinator.dispatch", DISPATCH_MODES), ("coordinator.binding", BINDINGS),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
         ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
     ]:

@@ -68,6 +68,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "barrier": {"over_sampling": 1.0}, "token_bucket": {"drop_stale": False}})
     c.coordinator.routing = "least_loaded"
     c.coordinator.dispatch = "group"  # or per_response: each response of a group routed alone
+    c.coordinator.binding = "dispatch"  # or late: V_traj moves forward until a response starts
     c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
     c.coordinator.sync = "greedy"
     # A sync keeps running trajectories going on the new weights; off, it waits for them to

@@ -19,6 +19,7 @@ from asyncrl.registry import Registry
 from asyncrl.coordinator.routing import (
     ROUTERS,
     DISPATCH_MODES,
+    BINDINGS,
     PendingQueue,
     Request,
     Router,
@@ -41,6 +42,7 @@ __all__ = [
     "REDUNDANCY_POLICIES",
     "ROUTERS",
     "DISPATCH_MODES",
+    "BINDINGS",
     "Redundancy",
     "Registry",
     "Request",

@@ -29,4 +29,4 @@ def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core
                 max_new_tokens=c.rollout.max_new_tokens, router=build_router(co.routing, latency),
                 redundancy=redundancy, migration=build_migration_policy(co.migration),
                 migration_interval_s=co.migration_interval_s, partial_rollout=co.partial_rollout,
-                dynamic_sampling=co.dynamic_sampling, dispatch=co.dispatch)
+                dynamic_sampling=co.dynamic_sampling, dispatch=co.dispatch, binding=co.binding)

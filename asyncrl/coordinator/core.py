@@ -38,7 +38,7 @@ from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, E
                                           Published, Score, Scored, Sync, Synced)
 from asyncrl.coordinator.migration import Candidate, MigrationPolicy, NoMigration, pick_trajectories
 from asyncrl.coordinator.redundancy import Redundancy
-from asyncrl.coordinator.routing import (DISPATCH_MODES, PendingQueue, Request, Router,
+from asyncrl.coordinator.routing import (BINDINGS, DISPATCH_MODES, PendingQueue, Request, Router,
                                          eligible_new, eligible_resume)
 from asyncrl.coordinator.view import ClusterView
 from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
@@ -88,13 +88,16 @@ class Core:
                  max_new_tokens: int, router: Router, redundancy: Redundancy = Redundancy(),
                  migration: MigrationPolicy = NoMigration(), migration_interval_s: float = 0.0,
                  partial_rollout: bool = True, dynamic_sampling: bool = False,
-                 dispatch: str = "group"):
+                 dispatch: str = "group", binding: str = "dispatch"):
         self.admission, self.server, self.prompts = admission, server, prompts
         self.eta, self.group_size, self.max_new_tokens = eta, group_size, max_new_tokens
         self.router, self.redundancy, self.migration = router, redundancy, migration
         self.migration_interval_s = migration_interval_s
         self.partial_rollout, self.dynamic_sampling = partial_rollout, dynamic_sampling
         self.per_response = DISPATCH_MODES.get(dispatch)
+        self.late_binding = BINDINGS.get(binding)
+        self._bound_at = np.zeros(num_instances, np.int64)  # versions late binding has seen
+        self.rebound = 0  # entries whose V_traj moved forward
         self.cluster = ClusterView.empty(num_instances, num_slots)
         self.decode_steps = np.zeros(num_instances, np.int64)
         self.dead: set[int] = set()
@@ -124,6 +127,8 @@ class Core:
             # (snapshots and finished trajectories never reach the admission).
             if type(event) not in _UNSEEN_BY_ADMISSION:
                 self._forget_given_up()
+        if self.late_binding:
+            self._rebind()
         for i in self.admission.syncs(sorted(self._dirty - self.dead)):
             self._out.append(Sync(i))
             self.cluster.syncing[i] = True
@@ -269,6 +274,30 @@ class Core:
             self.server.interrupt(t)
             self._queue_resume(t)
             self.counters.rerouted_after_failure += 1
+
+    def _rebind(self) -> None:
+        """Entries none of whose responses has started take the newest V_traj their instances
+        allow: every token will come from the weights an instance holds from now on."""
+        cluster, server = self.cluster, self.server
+        moved = np.flatnonzero(cluster.version > self._bound_at)
+        if len(moved) == 0:
+            return
+        self._bound_at[moved] = cluster.version[moved]
+        entries = set()
+        for i in moved.tolist():
+            if i in self.dead:
+                continue
+            for t in server.held_by(i):
+                if server.state(t) is _S.ROUTED:
+                    entries.add(server.entry_of(t))
+        for entry in sorted(entries):
+            members = server.members(entry)
+            if any(server.state(m) is not _S.ROUTED for m in members):
+                continue  # a response started (or finished): its tokens pin V_traj
+            v = int(min(cluster.version[server.instance_of(m)] for m in members))
+            if v > server.v_traj(entry) and self.admission.rebind(entry, v):
+                server.rebind(entry, v)
+                self.rebound += 1
 
     # ---------------------------------------------------------------- aborts and extraction
 

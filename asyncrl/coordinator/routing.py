@@ -37,6 +37,12 @@ ROUTERS = Registry("router")
 DISPATCH_MODES = Registry("dispatch mode")
 DISPATCH_MODES.add("group", False)
 DISPATCH_MODES.add("per_response", True)
+# When an entry's V_traj is fixed: at dispatch (the version of the instance it was routed
+# to), or late (PSRL's dynamic version tag: while none of its responses has started, each
+# weight sync of the instances holding it moves V_traj to the oldest of their versions).
+BINDINGS = Registry("binding")
+BINDINGS.add("dispatch", False)
+BINDINGS.add("late", True)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -92,6 +92,15 @@ class TrajectoryServer:
         with self._lock:
             return self._group(entry_id).v_traj
 
+    def rebind(self, entry_id: int, v_traj: int) -> None:
+        """Late binding: the entry's V_traj moves forward (none of its tokens exist yet)."""
+        with self._lock:
+            group = self._group(entry_id)
+            if v_traj < group.v_traj:
+                raise ValueError(f"entry {entry_id}: V_traj may only move forward "
+                                 f"({group.v_traj} → {v_traj})")
+            group.v_traj = v_traj
+
     def entries(self) -> list[int]:
         with self._lock:
             return list(self._groups)

@@ -45,4 +45,4 @@ def core_from_sim_config(c, profile: Profile, server: TrajectoryServer, prompts:
                 migration=build_migration_policy(co.migration),
                 migration_interval_s=co.migration_interval_s,
                 partial_rollout=co.partial_rollout, dynamic_sampling=co.dynamic_sampling,
-                dispatch=co.dispatch)
+                dispatch=co.dispatch, binding=co.binding)

@@ -81,7 +81,7 @@ def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration
 
 
 # The live config's coordinator fields the simulator reads under the same names.
-_COORDINATOR_FIELDS = ("admission", "routing", "dispatch", "latency_model", "sync", "partial_rollout",
+_COORDINATOR_FIELDS = ("admission", "routing", "dispatch", "binding", "latency_model", "sync", "partial_rollout",
                        "migration", "migration_interval_s", "redundancy", "dynamic_sampling")
 
 

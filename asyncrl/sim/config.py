@@ -6,7 +6,8 @@ Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   label                  the system's name in results and tables ('' = the admission's name)
   coordinator.*          the live config's `coordinator` section, same names and meanings
                          (experiments/grpo.py): admission, admission_params.<name>, routing,
-                         dispatch ('group' or 'per_response'), latency_model ('' = the profile's step latency), sync,
+                         dispatch ('group' or 'per_response'), binding ('dispatch' or
+                         'late'), latency_model ('' = the profile's step latency), sync,
                          partial_rollout, migration, migration_interval_s, redundancy,
                          dynamic_sampling
   group_size             N responses per prompt (GRPO group)
@@ -34,7 +35,7 @@ import ml_collections
 
 from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.admission import ADMISSIONS
-from asyncrl.coordinator.routing import DISPATCH_MODES, ROUTERS
+from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 
 # Fields that moved, and where they went: setting one fails naming its new place.
@@ -62,6 +63,7 @@ def run_config() -> ml_collections.ConfigDict:
     })
     co.routing = "throughput_optimal"
     co.dispatch = "group"
+    co.binding = "dispatch"
     co.latency_model = ""
     co.sync = "when_idle"
     co.partial_rollout = True
@@ -184,7 +186,7 @@ def check(c) -> None:
             raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
     ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
     for name, registry in (("routing", ROUTERS), ("sync", SYNC_POLICIES),
-                           ("dispatch", DISPATCH_MODES)):
+                           ("dispatch", DISPATCH_MODES), ("binding", BINDINGS)):
         if c.coordinator[name] not in registry:
             raise ConfigError(f"coordinator.{name}={c.coordinator[name]!r}: registered: "
                               f"{', '.join(registry.names())}")

@@ -215,6 +215,7 @@ class SimInstance:
         running = self.running
         front = self.front
         try_start = self.server.try_start
+        v_traj_of = self.server.v_traj
         while self.n < self.slots and self.nq:
             traj = front.popleft() if front else direct.pop() if direct else queue.pop()
             if traj.inst is not self or traj.state not in (QUEUED, PREEMPTED):
@@ -229,9 +230,11 @@ class SimInstance:
                 # Aborted or re-routed since it was queued (a live instance skips it too).
                 traj.state, traj.inst = HELD, None
                 continue
-            if version < traj.v_traj:
-                raise AssertionError(f"trajectory {traj.id} (V_traj {traj.v_traj}) started on "
-                                     f"instance {self.idx} holding older weights {version}")
+            if version < traj.v_traj or version < v_traj_of(traj.entry):
+                # The server's V_traj, late binding may have moved it forward since dispatch.
+                raise AssertionError(f"trajectory {traj.id} (V_traj {v_traj_of(traj.entry)}) "
+                                     f"started on instance {self.idx} holding older weights "
+                                     f"{version}")
             traj.state = RUNNING
             traj.base_step = self.steps
             traj.finish_step = self.steps + traj.target - traj.gen

@@ -280,3 +280,55 @@ def test_per_response_dispatch_spreads_a_group_over_instances():
              server=TrajectoryServer(), prompts=Prompts(), num_instances=1, num_slots=SLOTS,
              eta=1, group_size=2, max_new_tokens=4, router=build_router("least_loaded", None),
              dispatch="per_group")
+
+
+def _late_core(binding):
+    server = TrajectoryServer()
+    core = Core(admission=build_admission("staleflow", eta=1, batch_size=1, redundant_batch_size=1,
+                                          sync=build_sync_policy("greedy")),
+                server=server, prompts=Prompts(), num_instances=1, num_slots=SLOTS, eta=1,
+                group_size=GROUP, max_new_tokens=4, router=build_router("least_loaded", None),
+                binding=binding)
+    return core, server
+
+
+@pytest.mark.parametrize("binding", ["dispatch", "late"])
+def test_late_binding_moves_v_traj_forward_until_a_response_starts(binding):
+    core, server = _late_core(binding)
+    # B = 1, η = 1: entry 0 reserves buffer 1, entry 1 buffer 0; both queue on instance 0.
+    first, second = of(Dispatch, core.step(0.0, [state(0)]))
+    for t in second.trajectory_ids:  # entry 1 runs, finishes and is scored: batch 0 trains
+        generate(server, t, 0)
+    core.step(1.0, [Finished(0, second.trajectory_ids)])
+    core.step(2.0, [Scored(t, 1.0) for t in second.trajectory_ids])
+    core.take_batch(0)
+    # Entry 0 never started: once the instance holds version 1, late binding moves it there.
+    core.step(3.0, [Published(1), Synced(0, 1), state(0, version=1, queued=2)])
+    late = binding == "late"
+    assert server.v_traj(first.entry) == (1 if late else 0) and core.rebound == int(late)
+
+
+def test_a_started_response_pins_v_traj_under_late_binding():
+    core, server = _late_core("late")
+    first, second = of(Dispatch, core.step(0.0, [state(0)]))
+    for t in second.trajectory_ids:
+        generate(server, t, 0)
+    core.step(1.0, [Finished(0, second.trajectory_ids)])
+    core.step(2.0, [Scored(t, 1.0) for t in second.trajectory_ids])
+    core.take_batch(0)
+    assert server.try_start(first.trajectory_ids[0], at_step=0)
+    core.step(3.0, [Published(1), Synced(0, 1), state(0, version=1, running=1, queued=1)])
+    assert server.v_traj(first.entry) == 0 and core.rebound == 0
+
+
+def test_the_manager_rebinds_only_forward():
+    from asyncrl.staleness import StalenessManager
+    sm = StalenessManager(eta=1, batch_size=1)
+    sm.reserve("a", 0)
+    assert not sm.rebind("a", 0)  # not newer
+    assert not sm.rebind("a", 1)  # version 1 does not exist yet (the trainer is at 0)
+    sm.occupy("a")
+    sm.consume()
+    sm.reserve("b", 0)
+    assert sm.rebind("b", 1) and sm.v_traj("b") == 1  # its reservation (buffer 1) stays
+    assert sm.occupy("b") == 1  # never below its V_traj

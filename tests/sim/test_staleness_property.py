@@ -10,7 +10,7 @@ V_traj, and the test checks the recorded histogram.
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from asyncrl.coordinator import (DISPATCH_MODES, MIGRATION_POLICIES, REDUNDANCY_POLICIES, ROUTERS,
+from asyncrl.coordinator import (BINDINGS, DISPATCH_MODES, MIGRATION_POLICIES, REDUNDANCY_POLICIES, ROUTERS,
                                  SYNC_POLICIES)
 from asyncrl.sim.config import system_config, systems
 from asyncrl.sim.run import simulate
@@ -35,6 +35,7 @@ def workloads(draw):
     co = c.coordinator
     co.routing = draw(st.sampled_from(ROUTERS.names()))
     co.dispatch = draw(st.sampled_from(DISPATCH_MODES.names()))
+    co.binding = draw(st.sampled_from(BINDINGS.names()))
     co.sync = draw(st.sampled_from(SYNC_POLICIES.names()))
     co.migration = draw(st.sampled_from(MIGRATION_POLICIES.names()))
     co.migration_interval_s = draw(st.sampled_from([0.0, 0.5, 2.0, 7.0]))

@@ -38,6 +38,11 @@ class Admission:
 
     def on_dispatched(self, entry: int, v_traj: int) -> None: ...
 
+    def rebind(self, entry: int, v_traj: int) -> bool:
+        """Late binding: whether the entry may take the newer V_traj (no admission but
+        StaleFlow's tracks V_traj, so the default is no)."""
+        return False
+
     def on_scored(self, entry: int) -> None:
         """A group is complete and passed the filters: it waits for a training step."""
 

@@ -39,6 +39,9 @@ class StaleFlow(Admission):
             ok = self._memo[version] = self.sm.can_reserve(version)
         return ok
 
+    def rebind(self, entry, v_traj):
+        return self.sm.rebind(entry, v_traj)
+
     def on_dispatched(self, entry, v_traj):
         self._changing()
         self.sm.reserve(entry, v_traj)
