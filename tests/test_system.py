@@ -144,7 +144,7 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     ({"staleness__eta": -1}, r"config.staleness.eta = -1 is not allowed: expected an int ≥ 0"),
     ({"mesh__rollout_instances": 9}, r"needs 10 devices, this host has 8"),
     ({"train__num_microbatches": 3}, r"config.train.num_microbatches = 3 is not allowed: the batch of 8 entries × 16"),
-    ({"coordinator__routing": "fastest"}, r"config.coordinator.routing = 'fastest' is not allowed: registered: least_loaded, round_robin, throughput_optimal"),
+    ({"coordinator__routing": "fastest"}, r"config.coordinator.routing = 'fastest' is not allowed: registered: least_loaded, round_robin, throughput_optimal, version_first"),
     ({"train__remat": "some"}, r"config.train.remat = 'some' is not allowed: registered: dots, full, none"),
     ({"model__checkpoint": "/nowhere/model"}, r"config.model.checkpoint = '/nowhere/model'"),
     ({"train__warmup_steps": 50}, r"config.train.warmup_steps = 50 is not allowed: at most train.steps \(40\)"),
@@ -161,3 +161,19 @@ def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
 def test_a_moved_field_names_its_new_place():
     with pytest.raises(ConfigError, match="config.schedule has moved: set config.coordinator.admission"):
         tiny(schedule="barrier")
+
+
+def test_late_binding_and_psrl_routing_keep_every_entry_within_eta(tmp_path):
+    # PSRL's tools in the live system: V_traj bound late, each response routed on its own,
+    # version-first routing with the KV-fit check (the engine reports slots × cache length),
+    # KV-aware sync. The core checks the bound at every consume; so does this test.
+    latency = ROOT / "asyncrl" / "sim" / "profiles" / "cpu_tiny.json"
+    steps = 8
+    run(tiny(train__steps=steps, coordinator__binding="late", coordinator__dispatch="per_response",
+             coordinator__routing="version_first", coordinator__latency_model=str(latency),
+             coordinator__sync="kv_aware"), tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    lags = [lag for r in rows for lag in r["staleness"]]
+    assert lags and all(0 <= lag <= 2 for lag in lags)
+    entries = consumed_entries(rows)
+    assert len(entries) == len(set(entries)) == steps * 8
