@@ -251,6 +251,10 @@ class Core:
         kept_ids = set(kept)
         surplus = [t for t in members if t not in kept_ids]
         if surplus:  # group redundancy: the slowest responses are dropped
+            # One handed back (a recycled or migrated partial rollout) waits in the resume
+            # queue, not on an instance: it leaves the queue with the rest.
+            dropped = set(surplus)
+            self._resume.remove_if(lambda item: item[0] in dropped)
             self._drop(self.server.drop_members(entry, surplus))
         rewards = {self.server.reward(t) for t in kept}
         if self.dynamic_sampling and len(rewards) == 1:

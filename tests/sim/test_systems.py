@@ -146,3 +146,16 @@ def test_slime_launches_past_a_batch_its_recycled_rollouts_already_filled():
     c = system_config(c, systems(), "slime")
     r = simulate(c)
     assert sum(r.staleness_hist.values()) == 5
+
+
+def test_a_recycled_surplus_response_leaves_the_resume_queue_when_its_group_completes():
+    # slime hands unfinished responses back to be resumed; with group redundancy one of them
+    # can be the surplus dropped when its group completes while it waits to be resumed.
+    c = tiny("staleflow", instances=1, eta=2, batch=3, group=2, slots=8, steps=(0, 3), seed=128,
+             response={"name": "lognormal", "median": 20.0, "sigma": 1.0, "cap": 110})
+    c.coordinator.redundancy = "group"
+    c.reprefill_on_resume = False
+    c = system_config(c, systems(), "slime")
+    c.coordinator.redundancy = "group"
+    r = simulate(c)
+    assert sum(r.staleness_hist.values()) == 3 * 3
