@@ -24,6 +24,7 @@ from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
+from asyncrl.placement import devices_needed
 from asyncrl.rewards.registry import REWARDS
 
 
@@ -91,7 +92,8 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     if not config.coordinator.migration_interval_s >= 0:
         _fail("coordinator.migration_interval_s", config.coordinator.migration_interval_s,
               "expected seconds ≥ 0 (0: at every coordinator step)")
-    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed"):
+    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed",
+                  "mesh.colocate"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
     for name, params in config.coordinator.admission_params.items():
@@ -145,11 +147,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
               f"responses = {sequences} sequences must split evenly into micro-batches × "
               f"mesh.trainer_devices ({config.mesh.trainer_devices})")
-    needed = config.mesh.trainer_devices + config.mesh.rollout_instances * config.mesh.devices_per_instance
-    if needed > device_count:
-        _fail("mesh", f"{config.mesh.trainer_devices} + {config.mesh.rollout_instances} × "
-              f"{config.mesh.devices_per_instance}", f"needs {needed} devices, this host has "
-              f"{device_count} (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count)")
+    _check_devices(config.mesh, device_count)
     checkpoint = config.model.checkpoint
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
@@ -159,3 +157,20 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               "throughput_optimal routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
+
+
+def _check_devices(mesh, device_count: int) -> None:
+    t, k, d = mesh.trainer_devices, mesh.rollout_instances, mesh.devices_per_instance
+    if mesh.colocate and d > t:
+        _fail("mesh.devices_per_instance", d, f"colocated, each instance runs on devices of the "
+              f"trainer's mesh: at most mesh.trainer_devices ({t})")
+    needed = devices_needed(mesh)
+    if needed <= device_count:
+        return
+    cpu_hint = "on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count"
+    if mesh.colocate:
+        _fail("mesh", f"colocated on {t} trainer devices", f"needs {needed} devices, this host "
+              f"has {device_count} (lower mesh.trainer_devices; {cpu_hint})")
+    _fail("mesh", f"{t} + {k} × {d}", f"needs {needed} devices, this host has {device_count} "
+          f"({cpu_hint}; or share devices: --config.mesh.colocate=True runs the trainer and all "
+          f"{k} instances on the first mesh.trainer_devices ({t}) devices)")

