@@ -56,7 +56,7 @@ def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
     return trainer, [Mesh(np.asarray(s), (ROLLOUT_AXIS,)) for s in slices]
 
 
-def describe(trainer: Mesh, rollouts: list[Mesh]) -> str:
+def describe_layout(trainer: Mesh, rollouts: list[Mesh]) -> str:
     """One line for the log: which device ids each mesh holds."""
     ids = lambda mesh: ",".join(str(d.id) for d in mesh.devices.flat)  # noqa: E731
     shared = set(trainer.devices.flat) & {d for m in rollouts for d in m.devices.flat}

@@ -28,7 +28,7 @@ from asyncrl.drivers.threaded import StopRequested
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
-from asyncrl.placement import describe, place
+from asyncrl.placement import describe_layout, place
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.timing import Chrono
@@ -57,7 +57,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
     policy = load_policy(c.model)
     trainer_mesh, rollout_meshes = place(c.mesh)
-    log.info("placement: %s", describe(trainer_mesh, rollout_meshes))
+    layout = describe_layout(trainer_mesh, rollout_meshes)
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
     rollouts = LocalRollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
@@ -71,12 +71,13 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     progress = Progress(c.train.steps)
     ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
                                                   initial_params=policy.params)
-    progress.note(f"train: {source}")
+    progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
         rollouts.restore(resume)
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["placement"] = layout  # this process's: a resumed run may be placed differently
     if "before" not in results:
         before = evaluate(state.params, step, "before")
         progress.note(f"before: {describe(before)}")

@@ -180,7 +180,7 @@ def run_experiment(scale: str, steps: int | None, timeout_s: float, workdir: pat
     steady_s = rows[-1]["wall_s"] - rows[0]["wall_s"]
     idle = [v for k, v in last.items() if k.endswith("_idle_frac")]
     return {
-        "command": " ".join(argv[1:]), "steps": results["steps"],
+        "command": " ".join(argv[1:]), "placement": results["placement"], "steps": results["steps"],
         # The whole process (JAX start, model load, compiles, both evaluations) and the
         # training loop alone (from the first step's batch wait to the final evaluation).
         "process_s": round(seconds, 1), "wall_s": round(results["wall_s"], 1),

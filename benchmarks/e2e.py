@@ -119,7 +119,7 @@ def run_placement(name: str, variant: str, steps: int, workdir: pathlib.Path) ->
 def summarize_placement(run_dir: pathlib.Path) -> dict:
     last = read_metrics(run_dir / "metrics.jsonl")[-1]
     results = json.loads((run_dir / "results.json").read_text())
-    return {**summarize(run_dir), "loop_s": results["wall_s"],
+    return {**summarize(run_dir), "loop_s": results["wall_s"], "layout": results["placement"],
             **{k: last[k] for k in ("trainer_step_s_mean", "decode_step_s_mean", "push_s_mean",
                                     "pull_s_mean")}}
 
@@ -137,7 +137,8 @@ def compare_placement(args) -> None:
         print(f"{key:20s}" + "".join(f"{measured[n].get(key, float('nan')):12.4g}" for n in names))
     ratio = lambda key: round(measured["colocated"][key] / measured["disjoint"][key], 3)  # noqa: E731
     print(json.dumps({
-        "placement": {n: {"devices": m.get("devices"), **{k: round(m[k], 4) for k in keys},
+        "placement": {n: {"devices": m.get("devices"), "layout": m["layout"],
+                          **{k: round(m[k], 4) for k in keys},
                           **({"process_s": round(m["process_s"], 1)} if "process_s" in m else {})}
                       for n, m in measured.items()},
         "colocated_vs_disjoint": {"tokens_per_s": ratio("tokens_per_s"),

@@ -4,7 +4,7 @@ import jax
 import ml_collections
 import pytest
 
-from asyncrl.placement import describe, devices_needed, place
+from asyncrl.placement import describe_layout, devices_needed, place
 
 
 def mesh_config(t, k, d, colocate):
@@ -29,7 +29,7 @@ def test_colocated_on_one_device_every_mesh_is_that_device():
     trainer, rollouts = place(config, jax.devices()[:1])
     assert ids(trainer) == [0] and [ids(m) for m in rollouts] == [[0], [0]]
     assert rollouts[0].axis_names == ("tp",) and trainer.axis_names == ("fsdp",)
-    assert describe(trainer, rollouts) == "colocated: trainer [0], instance0 [0], instance1 [0]"
+    assert describe_layout(trainer, rollouts) == "colocated: trainer [0], instance0 [0], instance1 [0]"
 
 
 def test_colocated_instances_spread_round_robin_over_the_trainers_devices():
