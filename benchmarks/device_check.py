@@ -173,7 +173,10 @@ def run_experiment(scale: str, steps: int | None, timeout_s: float, workdir: pat
     stdout, error = child(argv, timeout_s)
     seconds = time.monotonic() - start
     if stdout is None:
-        return {"command": " ".join(argv[1:]), "error": error, "process_s": round(seconds, 1)}
+        metrics = workdir / "metrics.jsonl"
+        done = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+        return {"command": " ".join(argv[1:]), "error": error, "process_s": round(seconds, 1),
+                "steps_done": done}
     results = json.loads((workdir / "results.json").read_text())
     rows = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
@@ -181,8 +184,8 @@ def run_experiment(scale: str, steps: int | None, timeout_s: float, workdir: pat
     idle = [v for k, v in last.items() if k.endswith("_idle_frac")]
     return {
         "command": " ".join(argv[1:]), "placement": results["placement"], "steps": results["steps"],
-        # The whole process (JAX start, model load, compiles, both evaluations) and the
-        # training loop alone (from the first step's batch wait to the final evaluation).
+        # The whole process (JAX start, model load, compiles, both evaluations) and the run
+        # from the rollouts' start to the end of the final evaluation.
         "process_s": round(seconds, 1), "wall_s": round(results["wall_s"], 1),
         "eval_label": results["after"]["eval_label"], "heldout_size": results["after"]["num_problems"],
         "accuracy_before": results["before"]["accuracy"], "accuracy_after": results["after"]["accuracy"],
