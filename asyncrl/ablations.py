@@ -114,10 +114,10 @@ def plot_reward_vs_time(runs: Iterable[Run], title: str = "reward vs wall time")
     """One line per run; time counts from the end of step 1, so compiles (and whether the
     compilation cache was warm) do not shift the curves."""
     fig, ax = plt.subplots(figsize=(7, 4))
-    for run in runs:
-        t0 = run.rows[0]["wall_s"]
-        ax.plot([r["wall_s"] - t0 for r in run.rows], [r["reward_mean"] for r in run.rows],
-                marker=".", label=run.name)
+    for curve in runs:
+        t0 = curve.rows[0]["wall_s"]
+        ax.plot([r["wall_s"] - t0 for r in curve.rows], [r["reward_mean"] for r in curve.rows],
+                marker=".", label=curve.name)
     ax.set(xlabel="wall time after step 1 (s)", ylabel="batch reward mean", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
@@ -143,12 +143,12 @@ def plot_staleness(runs: Iterable[Run], title: str = "staleness of consumed entr
     runs = list(runs)
     fig, axes = plt.subplots(1, len(runs), figsize=(2.6 * len(runs), 2.8), squeeze=False,
                              sharey=True)
-    for ax, run in zip(axes[0], runs):
-        lags, eta = run.staleness, run.config.staleness.eta
+    for ax, curve in zip(axes[0], runs):
+        lags, eta = curve.staleness, curve.config.staleness.eta
         top = max(max(lags), eta, 1)
         ax.hist(lags, bins=np.arange(-0.5, top + 1.5), rwidth=0.85, color="tab:orange")
         ax.axvline(eta + 0.5, color="black", linestyle="--", linewidth=1, label="η")
-        ax.set(title=run.name, xlabel="version − V_traj", xticks=range(top + 1))
+        ax.set(title=curve.name, xlabel="version − V_traj", xticks=range(top + 1))
     axes[0][0].set_ylabel("entries")
     axes[0][0].legend(fontsize="small", loc="upper right")
     fig.suptitle(title)

@@ -22,6 +22,7 @@ from asyncrl.coordinator.routing import ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS
+from asyncrl.distributed import BACKENDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
@@ -147,7 +148,8 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
               f"responses = {sequences} sequences must split evenly into micro-batches × "
               f"mesh.trainer_devices ({config.mesh.trainer_devices})")
-    _check_devices(config.mesh, device_count)
+    _validate_distributed(config)
+    _check_devices(config, device_count)
     checkpoint = config.model.checkpoint
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
@@ -159,7 +161,16 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
 
 
-def _check_devices(mesh, device_count: int) -> None:
+def _check_devices(config, device_count: int) -> None:
+    mesh = config.mesh
+    if config.distributed.backend == "ray":  # each instance actor brings its own devices
+        if mesh.colocate:
+            _fail("mesh.colocate", True, "False with distributed.backend='ray': each instance "
+                  "actor owns its devices (colocate with the local backend)")
+        if mesh.trainer_devices > device_count:
+            _fail("mesh.trainer_devices", mesh.trainer_devices,
+                  f"at most this host's {device_count} devices (the instances are Ray actors)")
+        return
     t, k, d = mesh.trainer_devices, mesh.rollout_instances, mesh.devices_per_instance
     if mesh.colocate and d > t:
         _fail("mesh.devices_per_instance", d, f"colocated, each instance runs on devices of the "
@@ -174,3 +185,45 @@ def _check_devices(mesh, device_count: int) -> None:
     _fail("mesh", f"{t} + {k} × {d}", f"needs {needed} devices, this host has {device_count} "
           f"({cpu_hint}; or share devices: --config.mesh.colocate=True runs the trainer and all "
           f"{k} instances on the first mesh.trainer_devices ({t}) devices)")
+
+
+def _validate_distributed(config) -> None:
+    d = config.distributed
+    if d.backend not in BACKENDS:
+        _fail("distributed.backend", d.backend, f"one of {', '.join(BACKENDS)}")
+    if d.transport != "auto":
+        _one_of(config, "distributed.transport", TRANSPORTS)
+        if d.backend not in TRANSPORTS.get(d.transport)["backends"]:
+            serving = [n for n in TRANSPORTS.names() if d.backend in TRANSPORTS.get(n)["backends"]]
+            _fail("distributed.transport", d.transport,
+                  f"backend {d.backend!r} moves weights with 'auto' or {', '.join(serving)}")
+    for field in ("ray_num_cpus", "ray_object_store_mb", "num_processes"):
+        _int_at_least(config, f"distributed.{field}", 0)
+    for field in ("instance_cpus", "instance_gpus"):
+        value = _get(config, f"distributed.{field}")
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
+            _fail(f"distributed.{field}", value, "expected a number ≥ 0 (Ray resources)")
+    for field in ("poll_wait_s", "heartbeat_timeout_s", "start_timeout_s", "pull_timeout_s",
+                  "stop_timeout_s"):
+        _positive(config, f"distributed.{field}")
+    if not d.heartbeat_timeout_s > d.poll_wait_s:
+        _fail("distributed.heartbeat_timeout_s", d.heartbeat_timeout_s,
+              f"must exceed distributed.poll_wait_s ({d.poll_wait_s}): an idle actor answers "
+              "only that often")
+    if not isinstance(d.instance_resource, str):
+        _fail("distributed.instance_resource", d.instance_resource,
+              "'' or the name of a custom Ray resource (`ray start --resources`)")
+    if not d.ray_address or not isinstance(d.ray_address, str):
+        _fail("distributed.ray_address", d.ray_address,
+              "'local' (a loopback-only head in this process), 'auto' or 'host:port'")
+    if d.instance_platform not in ("", "cpu", "cuda", "gpu", "tpu", "rocm"):
+        _fail("distributed.instance_platform", d.instance_platform,
+              "'' (as the node has it) or a JAX platform: cpu, cuda, gpu, rocm, tpu")
+    if d.coordinator_address and ":" not in d.coordinator_address:
+        _fail("distributed.coordinator_address", d.coordinator_address,
+              "'' (from JAX_COORDINATOR_ADDRESS) or 'host:port' of process 0")
+    if not isinstance(d.process_id, int) or isinstance(d.process_id, bool) or d.process_id < -1 \
+            or (d.num_processes and d.process_id >= d.num_processes):
+        _fail("distributed.process_id", d.process_id,
+              f"-1 (from JAX_PROCESS_ID) or an int in [0, distributed.num_processes = "
+              f"{d.num_processes})")

@@ -56,10 +56,11 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     config_lib.validate(c, jax.device_count())
     data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
     policy = load_policy(c.model)
-    trainer_mesh, rollout_meshes = place(c.mesh)
+    Rollouts, placement = rollouts_for(c)
+    trainer_mesh, rollout_meshes = placement(c.mesh)
     layout = describe_layout(trainer_mesh, rollout_meshes)
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
-    rollouts = LocalRollouts(c, policy, rollout_meshes, data)
+    rollouts = Rollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
                          data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
                          eval_label=data.eval_label)
@@ -143,13 +144,17 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 published_at[step] = results.get("wall_s", 0.0) + chrono.wall_s()
                 background.submit(step, state.params)
             log_step(late.push(step, metrics))
-            if stop.is_set() or step % checkpoint_every == 0 or step == c.train.steps:
+            finishing = stop.is_set() or step == c.train.steps
+            if finishing or step % checkpoint_every == 0:
                 chrono.phase("checkpoint")
+                if finishing:  # training is over: wait, so every evaluation gets a metrics row
+                    collect_evaluations(background.close())
                 log_step(late.flush())  # a NaN step must not become a checkpoint
                 ckpt.save(state, rollouts.resume_data())
             if stop.is_set():
                 log.warning("train: stopped at step %d on request; checkpoint saved", step)
                 break
+        collect_evaluations(background.close())
         log_step(late.flush())
         if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
             ckpt.save(state, rollouts.resume_data())
@@ -178,6 +183,16 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
           f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "
           f"{results_path}")
     return results
+
+
+def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:
+    """The rollouts (one interface) and where this process's meshes go: instances as threads
+    on this host's devices (local), or as Ray actors with devices of their own (ray)."""
+    if c.distributed.backend == "ray":
+        from asyncrl.distributed.rollouts import RayRollouts  # Ray loads only when asked for
+
+        return RayRollouts, RayRollouts.place
+    return LocalRollouts, place
 
 
 def train_config(c) -> TrainConfig:

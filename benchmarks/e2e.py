@@ -6,6 +6,7 @@
     python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
     python benchmarks/e2e.py --variant=longtail --frozen   # systems only: the policy stays put
     python benchmarks/e2e.py --compare-placement --variant=default --steps=6
+    python benchmarks/e2e.py --backend=ray --schedules=staleflow   # Ray actors against threads
 
 Learning changes the response lengths, and how they change differs run to run, so tokens/s
 of two schedules also compare two length distributions. `--frozen` trains at a learning rate
@@ -24,6 +25,10 @@ config and steps: disjoint on trainer + instances CPU devices (3 by default) and
 on one device (`--config.mesh.colocate=True`). The device count is fixed when JAX starts, so
 each is its own `python -m asyncrl.main` process. Last line:
 {"placement": {"disjoint": {...}, "colocated": {...}}, "colocated_vs_disjoint": {...}}
+
+`--backend=ray` runs each schedule twice in the same run, its instances as threads here
+(local) and as Ray actors on a loopback-only head (each run starts its own); the JSON adds
+{"ray_tokens_per_s": {...}, "ray_vs_local": {...}} (the goal: ≥ 0.8).
 """
 
 from __future__ import annotations
@@ -65,8 +70,9 @@ def measure(config, run_dir: pathlib.Path) -> dict:
     return summarize(run_dir)
 
 
-def configure(name: str, variant: str, steps: int, frozen: bool = False):
+def configure(name: str, variant: str, steps: int, frozen: bool = False, backend: str = "local"):
     c = importlib.import_module(SCHEDULES[name]).get_config(None if variant == "default" else "tiny")
+    c.distributed.backend = backend
     if variant == "longtail":
         # The untrained model stops at a random token: lengths from 1 to the cap, with a long
         # tail, and answer_first puts no pressure on them, so the tail stays all run long.
@@ -153,6 +159,8 @@ def main():
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
     parser.add_argument("--frozen", action="store_true",
                         help="learning rate 1e-12: the same length distribution for every schedule")
+    parser.add_argument("--backend", choices=("local", "ray"), default="local",
+                        help="ray: each schedule also with Ray actors, side by side")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="summarise the runs already in --workdir instead of running them")
@@ -169,15 +177,23 @@ def main():
     if unknown:
         parser.error(f"--schedules: unknown {', '.join(unknown)}; known: {', '.join(SCHEDULES)}")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="e2e-"))
+    on_ray = names if args.backend == "ray" else []
     if args.reuse:
         measured = {name: summarize(workdir / name) for name in names}
+        over_ray = {name: summarize(workdir / f"{name}-ray") for name in on_ray}
     else:
-        measured = {name: measure(configure(name, args.variant, args.steps, args.frozen),
-                                  workdir / name) for name in names}
+        measured, over_ray = {}, {}
+        for name in names:  # local then Ray, schedule by schedule: the same machine load
+            measured[name] = measure(configure(name, args.variant, args.steps, args.frozen),
+                                     workdir / name)
+            if name in on_ray:
+                over_ray[name] = measure(configure(name, args.variant, args.steps, args.frozen,
+                                                   "ray"), workdir / f"{name}-ray")
 
     print(f"\n{'schedule':14s} {'tok/s':>8s} {'acc':>6s} {'reward':>7s} {'stale':>6s} "
           f"{'trainer busy':>12s} {'inst idle':>9s}")
-    for name, m in measured.items():
+    rows = {**measured, **{f"{n} (ray)": m for n, m in over_ray.items()}}
+    for name, m in rows.items():
         print(f"{name:14s} {m['tokens_per_s']:8.1f} {m['final_accuracy']:6.3f} "
               f"{m['reward_last5']:7.3f} {m['max_staleness']:6d} {m['trainer_busy_frac']:12.2f} "
               f"{m['instance_idle_frac']:9.2f}")
@@ -193,6 +209,9 @@ def main():
             summary["staleflow_vs_sync"] = round(tps["staleflow"] / tps["sync"], 3)
         if baselines:
             summary["staleflow_vs_best_baseline"] = round(tps["staleflow"] / max(baselines.values()), 3)
+    if over_ray:
+        summary["ray_tokens_per_s"] = {n: round(m["tokens_per_s"], 1) for n, m in over_ray.items()}
+        summary["ray_vs_local"] = {n: round(m["tokens_per_s"] / tps[n], 3) for n, m in over_ray.items()}
     print(json.dumps(summary))
 
 

@@ -126,6 +126,40 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rewards.workers = 2
     c.rewards.timeout_s = 10.0
 
+    # Where rollout instances run and how weights reach them (launch/README.md).
+    c.distributed = ml_collections.ConfigDict()
+    # 'local': instances are threads of this process, each on its own devices; 'ray': each
+    # is a Ray actor owning its JAX runtime (coordinator, trainer, rewards stay here).
+    c.distributed.backend = "local"
+    # 'auto': device_put for local, object_store for ray; or 'jax_transfer' (ray,
+    # device to device through jax.experimental.transfer).
+    c.distributed.transport = "auto"
+    # 'local': start a Ray head inside this process, on 127.0.0.1 only (one machine);
+    # 'host:port' or 'auto': join a cluster `ray start`ed beforehand (launch/).
+    c.distributed.ray_address = "local"
+    c.distributed.ray_num_cpus = 0  # the local head's CPUs (0: every core)
+    c.distributed.ray_object_store_mb = 1024  # the local head's object store
+    c.distributed.instance_cpus = 1.0  # Ray resources each instance actor asks for
+    c.distributed.instance_gpus = 0.0
+    # One unit of this custom resource per actor ('': none): only nodes started with it
+    # (`ray start --resources='{"asyncrl_rollout": 1}'`) host instances, e.g. TPU hosts
+    # other than the trainer's.
+    c.distributed.instance_resource = ""
+    c.distributed.instance_platform = ""  # JAX_PLATFORMS in the actors ('': as the node has it)
+    # Where jax_transfer servers listen; on one machine 127.0.0.1, across hosts this host's
+    # address on the network the hosts share.
+    c.distributed.transfer_host = "127.0.0.1"
+    c.distributed.poll_wait_s = 0.5  # an idle actor answers a poll after at most this long
+    c.distributed.heartbeat_timeout_s = 60.0  # no answer for longer: the instance has failed
+    c.distributed.start_timeout_s = 300.0  # an actor's start: its JAX, engine, first weights
+    c.distributed.pull_timeout_s = 120.0  # one weight pull, under a watchdog
+    c.distributed.stop_timeout_s = 30.0
+    # The trainer as one jax.distributed job over processes or hosts: '' / 0 / -1 read
+    # JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (unset: 1 process, no group).
+    c.distributed.coordinator_address = ""
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
+
     if arg.tiny:
         c.model.checkpoint = "random"
         c.model.preset = "tiny"

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 
-from asyncrl import policy as policy_lib
 from asyncrl.run import run
 from asyncrl.metrics import read_metrics
 from tests.test_system import ROOT, tiny
@@ -43,7 +42,7 @@ def test_evaluation_during_training_is_in_the_metrics(file_run):
     _, workdir, results = file_run
     rows = read_metrics(workdir / "metrics.jsonl")
     evaluated = [r for r in rows if "eval_accuracy" in r]
-    assert [r["step"] for r in evaluated] == [EVERY]
+    assert [r["eval_version"] for r in evaluated] == [EVERY]
     row = evaluated[0]
     for key in ("eval_pass@1", f"eval_pass@{SAMPLES}", "eval_mean_length", "eval_format_rate"):
         assert 0 <= row[key] <= (4 if key == "eval_mean_length" else 1), (key, row[key])

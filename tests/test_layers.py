@@ -1,8 +1,9 @@
 """The layering the design promises, read from the source: which package may import which,
 no import cycles, and a config check that loads no JAX.
 
-    staleness ← servers ← coordinator ← drivers, sim ← run ← main
+    staleness ← servers ← coordinator ← drivers, sim ← run ← main;  drivers ← distributed ← run
     model ← rollout;  model ← train;  the coordinator knows no JAX, no threads, no model
+    Ray: only asyncrl.distributed imports it, and only a run configured for it loads it
 """
 
 import ast
@@ -16,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl"
 SHARED = {"asyncrl.registry", "asyncrl.errors", "asyncrl.config_args", "asyncrl.jsonfile",
           "asyncrl.cli"}  # import-light leaves any layer may use
-HEAVY = {"jax", "flax", "optax", "orbax", "threading"}
+HEAVY = {"jax", "flax", "optax", "orbax", "threading", "ray"}
 
 # layer -> (asyncrl modules it may import besides itself and SHARED, third-party it may not)
 RULES = {
@@ -32,8 +33,14 @@ RULES = {
                      "asyncrl.metrics"}, {"jax", "flax", "optax", "orbax"}),
     "asyncrl.drivers": ({"asyncrl.coordinator", "asyncrl.servers", "asyncrl.staleness",
                          "asyncrl.rollout", "asyncrl.model", "asyncrl.rewards", "asyncrl.policy",
-                         "asyncrl.train.checkpoint", "asyncrl.data"}, set()),
+                         "asyncrl.train.checkpoint", "asyncrl.data"}, {"ray"}),
+    # A third driver of the same core: it may reuse the threaded one, never change the core.
+    "asyncrl.distributed": ({"asyncrl.drivers", "asyncrl.coordinator", "asyncrl.servers",
+                             "asyncrl.staleness", "asyncrl.rollout", "asyncrl.model",
+                             "asyncrl.train.trainer", "asyncrl.train.losses"}, set()),
 }
+# Only the run (and the distributed package itself) may reach for the Ray backend.
+MAY_IMPORT_DISTRIBUTED = {"asyncrl.run", "asyncrl.config", "asyncrl.distributed"}
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -70,6 +77,9 @@ def within(name: str, prefixes) -> bool:
 def violations() -> list[str]:
     found = []
     for name, path in modules().items():
+        if not within(name, MAY_IMPORT_DISTRIBUTED):
+            found += [f"{name} imports {i}" for i in sorted(imports(path))
+                      if within(i, ["asyncrl.distributed"])]
         for layer, (allowed, banned) in RULES.items():
             if not within(name, [layer]):
                 continue
@@ -148,7 +158,16 @@ LIGHT_MODEL_MODULES = {"asyncrl.model", "asyncrl.model.chat", "asyncrl.model.err
 def test_validating_a_config_and_the_core_load_no_jax_and_no_model(module):
     loaded = subprocess.run(
         [sys.executable, "-c", f"import sys, {module}; print(sorted(m for m in sys.modules "
-                               "if m.split('.')[0] in ('jax', 'flax', 'grain', 'orbax') "
+                               "if m.split('.')[0] in ('jax', 'flax', 'grain', 'orbax', 'ray') "
                                f"or m.startswith('asyncrl.model') and m not in {LIGHT_MODEL_MODULES!r}))"],
+        cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    assert loaded == "[]"
+
+
+def test_the_local_backend_loads_no_ray():
+    """Ray is an optional extra: a run module that imports it at the top would need it always."""
+    loaded = subprocess.run(
+        [sys.executable, "-c", "import sys, asyncrl.run, asyncrl.main; "
+                               "print(sorted(m for m in sys.modules if m.split('.')[0] == 'ray'))"],
         cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
     assert loaded == "[]"

@@ -198,6 +198,8 @@ def test_too_few_devices_names_mesh_and_how_to_run_colocated():
      r"mesh.trainer_devices \(1\)"),
     ({"mesh__trainer_devices": 16}, r"config.mesh = 'colocated on 16 trainer devices' is not "
      r"allowed: needs 16 devices, this host has 8"),
+    ({"distributed__backend": "ray"}, r"config.mesh.colocate = True is not allowed: False with "
+     r"distributed.backend='ray': each instance actor owns its devices"),
 ])
 def test_bad_colocated_mesh_fails_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):

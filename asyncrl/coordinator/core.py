@@ -44,6 +44,7 @@ from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
 from asyncrl.staleness import StalenessError, TrajectoryState
 
 _S = TrajectoryState
+_UNSEEN_BY_ADMISSION = (InstanceState, Finished)
 
 
 class PromptSource(Protocol):
@@ -103,6 +104,7 @@ class Core:
         self._peeked: Prompt | None = None  # a fresh prompt drawn for routing, not yet used
         self._resume = PendingQueue()  # trajectory ids waiting for an instance, by V_traj
         self._moving: dict[int, int] = {}  # extracted for migration -> the instance to take it
+        self._rewarded: dict[int, int] = {}  # entry -> responses scored so far
         self._dirty: set[int] = set()  # instances whose state changed since the last step
         self._announced = -1  # the last batch a BatchReady went out for
         self._last_migration = float("-inf")
@@ -112,11 +114,13 @@ class Core:
     # ---------------------------------------------------------------- the step
 
     def step(self, now: float, events: Iterable[Event] = ()) -> list[Command]:
+        self._forget_given_up()
         for event in events:
             self._handle(event)
-        for entry in self.admission.take_aborted():
-            if self.server.has_entry(entry):
-                self._forget_entry(entry)
+            # Before the next event: one may complete an entry this one's abort rule gave up
+            # (snapshots and finished trajectories never reach the admission).
+            if type(event) not in _UNSEEN_BY_ADMISSION:
+                self._forget_given_up()
         for i in self.admission.syncs(sorted(self._dirty - self.dead)):
             self._out.append(Sync(i))
             self.cluster.syncing[i] = True
@@ -218,7 +222,14 @@ class Core:
             self.abort_entry(entry)
             return
         self.server.set_reward(t, event.reward)
-        self._group_progress(entry)
+        # Counted (from the server the first time, e.g. after a restore), so that a group is
+        # scanned once it may be complete, not at every reward.
+        scored = self._rewarded.get(entry)
+        scored = self._rewarded[entry] = (
+            sum(self.server.state(m) is _S.REWARDED for m in self.server.members(entry))
+            if scored is None else scored + 1)
+        if self.redundancy.group_complete(scored, self.group_size):
+            self._group_progress(entry)
 
     def _group_progress(self, entry: int) -> None:
         """Once N responses are scored the group waits for training (or is filtered out)."""
@@ -226,8 +237,10 @@ class Core:
         scored = [t for t in members if self.server.state(t) is _S.REWARDED]
         if not self.redundancy.group_complete(len(scored), self.group_size):
             return
+        self._rewarded.pop(entry, None)
         kept = scored[:self.group_size]
-        surplus = [t for t in members if t not in kept]
+        kept_ids = set(kept)
+        surplus = [t for t in members if t not in kept_ids]
         if surplus:  # group redundancy: the slowest responses are dropped
             self._drop(self.server.drop_members(entry, surplus))
         rewards = {self.server.reward(t) for t in kept}
@@ -255,6 +268,11 @@ class Core:
 
     # ---------------------------------------------------------------- aborts and extraction
 
+    def _forget_given_up(self) -> None:
+        for entry in self.admission.take_aborted():
+            if self.server.has_entry(entry):
+                self._forget_entry(entry)
+
     def abort_entry(self, entry: int) -> None:
         """Gives an entry up: the admission frees its place, the instances drop its work."""
         self.admission.on_aborted(entry)
@@ -263,7 +281,14 @@ class Core:
     def _forget_entry(self, entry: int) -> None:
         self.counters.aborted_entries += 1
         self.aborted_ids.append(entry)
-        members = set(self.server.members(entry))
+        self._rewarded.pop(entry, None)
+        members = self.server.members(entry)
+        if self.server.state(members[0]) is _S.OCCUPIED:
+            # Scored and buffered (a replay buffer's collection, a full queue): the lifecycle
+            # lets an occupied entry only be consumed, and nothing of it runs anywhere.
+            self.server.consume(entry)
+            return
+        members = set(members)
         self._resume.remove_if(lambda item: item[0] in members)
         self._drop(self.server.abort(entry))
 
@@ -284,8 +309,8 @@ class Core:
 
     def _migrate(self) -> None:
         cluster = self.cluster
-        admits = {v: self.admission.version_admits_new(v) for v in np.unique(cluster.version).tolist()}
-        can_new = np.array([admits[v] for v in cluster.version.tolist()], dtype=bool)
+        admits = [v for v in np.unique(cluster.version).tolist() if self.admission.version_admits_new(v)]
+        can_new = np.isin(cluster.version, admits)
         for move in self.migration.plan(cluster, can_new):
             if move.src in self.dead or move.dst in self.dead:
                 continue
@@ -342,6 +367,8 @@ class Core:
             if prompt is None:
                 return
             eligible = eligible_new(cluster, self.admission.version_admits_new)
+            if not eligible.any():  # most steps at scale: the router need not be asked
+                return
             target = self.router.choose(cluster, eligible, Request(launch, len(prompt.tokens)))
             if target is None:
                 return

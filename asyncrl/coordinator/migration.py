@@ -88,9 +88,15 @@ class Balance(MigrationPolicy):
             return []
         load = load.copy()
         moves: list[Move] = []
+        sources = ~busy & ~starving
+        # The most any source holds; it only falls as moves drain sources. Targets come
+        # emptiest first, so once even it is within min_gap of one, it is of every later one.
+        most = int(load[sources].max()) if sources.any() else 0
         # The emptiest first; each pick updates `load`, so one source is not drained twice.
         for dst in np.flatnonzero(starving)[np.argsort(load[starving], kind="stable")]:
-            ok = (cluster.version <= cluster.version[dst]) & ~busy & ~starving
+            if most - load[dst] < self.min_gap:
+                break
+            ok = (cluster.version <= cluster.version[dst]) & sources
             if not ok.any():
                 continue
             src = int(np.flatnonzero(ok)[np.argmax(load[ok])])
@@ -101,6 +107,7 @@ class Balance(MigrationPolicy):
             moves.append(Move(src, int(dst), count))
             load[src] -= count
             load[dst] += count
+            most = int(load[sources].max())
             if len(moves) >= self.max_moves:
                 break
         return moves

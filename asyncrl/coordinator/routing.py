@@ -48,7 +48,13 @@ def eligible_new(cluster: ClusterView, can_reserve: Callable[[int], bool]) -> np
     `can_reserve` is `StalenessManager.can_reserve`; it is asked once per distinct version.
     """
     free = cluster.running + cluster.queued < cluster.num_slots
-    versions = np.unique(cluster.version[free])
+    if not free.any():  # a full cluster: the common case at scale, decided without sorting
+        return free
+    versions = cluster.version[free]
+    lo = versions.min()
+    if lo == versions.max():  # one version among the free (most steps): no sorting either
+        return free if can_reserve(int(lo)) else np.zeros_like(free)
+    versions = np.unique(versions)
     ok = [v for v in versions.tolist() if can_reserve(v)]
     if len(ok) == len(versions):
         return free

@@ -1,15 +1,20 @@
 """A discrete-event simulator of asynchronous RL post-training at cluster scale.
 
-It answers "what happens on 128 (or 1,024) 8-GPU instances" on a laptop, by driving the real
-`asyncrl.staleness.StalenessManager` and the coordinator's policy objects with modelled
-durations instead of engines:
+It answers "what happens on 128 (or 1,024) 8-GPU instances" on a laptop: the coordinator core
+the live system runs (`asyncrl.coordinator.core.Core`, built from the same config fields)
+takes every decision, and modelled instances, trainer and transfers carry them out with
+durations from a profile instead of engines:
 
-  events.py     the virtual clock and event heap (no sleeping, no threads)
+  cluster.py    the driver: applies the core's commands to the modelled cluster and reports
+                what happened back, once per virtual time point; the trainer
   instance.py   a rollout instance: continuous batching, decode advanced in closed-form chunks
                 under the step-latency model until the next event (no per-token events)
-  engine.py     groups, routing, the trainer, weight pushes, pulls and broadcasts
-  schedules/    sync, one_step, verl, areal, roll, slime, staleflow: one module each,
-                documented from the public description of the system it models
+  build.py      the core a sim config describes (as `coordinator.build` for a live config)
+  config.py     the run config, and the grid's systems as labelled variants of the admissions
+                (sync, one_step, slime = barrier; areal, roll = token_bucket; verl; staleflow)
+  prompts.py    the simulated task: each prompt's lengths and rewards, the same for every system
+  server.py     the TrajectoryServer, keeping each trajectory's current state only
+  events.py     the virtual clock and event heap (no sleeping, no threads)
   workload.py   response / prompt lengths from named distributions
   profile.py    every cost, from a JSON profile (profiles/, each citing its source)
   run.py        one run, the grid, and its CSV / Markdown / plots

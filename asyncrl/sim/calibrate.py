@@ -17,7 +17,10 @@ metrics is that part's own cost:
   reward          inside the measured steps, not modelled apart (0).
 
 The engine swaps weights between two decode steps and keeps the KV cache, so a simulation of
-this system runs with `reprefill_on_resume = False`.
+this system runs with `reprefill_on_resume = False`. The simulated run builds the same
+coordinator core from the same `coordinator` fields, so every admission, and partial rollout
+on or off, has its counterpart; only dynamic sampling is refused (the simulator's rewards are
+modelled, not the task's).
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration
         raise ValueError(f"{path}: missing {sorted(missing)}; rerun with this version of asyncrl")
     if max(max(r["staleness"], default=0) for r in rows) != 0:
         raise ValueError(f"{run_dir}: not a synchronous run (staleness above 0), whose parts "
-                         "overlap; calibrate from a run at η = 0 with the barrier schedule")
+                         "overlap; calibrate from a run at η = 0 with the barrier admission")
     last = rows[-1]
     profile = {
         "name": "system_cpu",
@@ -77,24 +80,26 @@ def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration
                        float(np.mean([r["prompt_length"] for r in rows])))
 
 
+# The live config's coordinator fields the simulator reads under the same names.
+_COORDINATOR_FIELDS = ("admission", "routing", "latency_model", "sync", "partial_rollout",
+                       "migration", "migration_interval_s", "redundancy", "dynamic_sampling")
+
+
 def simulator_config(system_config, calibration: Calibration, files_dir: str | pathlib.Path,
                      steps: int):
-    """The simulated run of a system config (its instances, slots, groups, batch, η and
-    coordinator policies) on the calibrated costs; the profile and histogram files are
-    written to `files_dir`. Throughput is measured from step 2 on, as in the real run."""
+    """The simulated run of a system config (its instances, slots, groups, batch, η and its
+    whole `coordinator` section: admission and its parameters, routing, sync, partial
+    rollout, migration, redundancy) on the calibrated costs; the profile and histogram
+    files are written to `files_dir`. Throughput is measured from step 2 on, as in the real
+    run."""
     c = system_config
-    if c.schedule == "barrier" and c.staleness.eta == 0:
-        schedule = "sync"
-    elif c.schedule == "staleflow":
-        schedule = "staleflow"
-    else:
-        raise ValueError(f"schedule={c.schedule!r} at η={c.staleness.eta}: the simulator has "
-                         "a counterpart only for 'staleflow' and for 'barrier' at η = 0")
-    # The simulated StaleFlow always resumes interrupted responses and never filters groups;
-    # a run configured otherwise would be compared with a schedule it did not follow.
-    if not c.coordinator.partial_rollout or c.coordinator.dynamic_sampling:
-        raise ValueError("coordinator.partial_rollout=False or dynamic_sampling=True: the "
-                         "simulator has no counterpart (it always resumes, never filters)")
+    co = c.coordinator
+    if co.dynamic_sampling:
+        # The simulator filters groups by its own modelled rewards (pass_rate_beta), not by
+        # the task's: the prediction would compare runs that filter at different rates.
+        raise ValueError("coordinator.dynamic_sampling=True: the simulator's rewards are "
+                         "modelled (run_config().pass_rate_beta), not the task's, so it would "
+                         "filter another share of groups; calibrate from a run without it")
     files_dir = pathlib.Path(files_dir)
     files_dir.mkdir(parents=True, exist_ok=True)
     (files_dir / "profile.json").write_text(json.dumps(calibration.profile))
@@ -103,16 +108,20 @@ def simulator_config(system_config, calibration: Calibration, files_dir: str | p
     sim.profile = str(files_dir / "profile.json")
     sim.response_lengths = {"name": "empirical", "path": str(files_dir / "lengths.json")}
     sim.prompt_lengths = {"name": "constant", "value": max(1, round(calibration.prompt_length))}
-    sim.schedule = schedule
     sim.eta = c.staleness.eta
+    for name in _COORDINATOR_FIELDS:
+        sim.coordinator[name] = co[name]
+    table = sim.coordinator.admission_params
+    with table.unlocked():
+        for admission, params in co.admission_params.items():
+            if admission not in table:
+                table[admission] = {}
+            for key, value in params.items():
+                table[admission][key] = value
     sim.num_instances = c.mesh.rollout_instances
     sim.num_slots = c.rollout.num_slots
     sim.group_size = c.rollout.group_size
     sim.batch_size = c.train.batch_size
     sim.reprefill_on_resume = False
     sim.warmup_steps, sim.measure_steps = 1, steps - 1
-    sim.schedules.staleflow.router = c.coordinator.routing
-    sim.schedules.staleflow.sync = c.coordinator.sync
-    sim.schedules.staleflow.migration = c.coordinator.migration
-    sim.schedules.staleflow.redundancy = c.coordinator.redundancy
     return sim

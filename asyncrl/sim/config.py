@@ -1,8 +1,14 @@
-"""The config of one simulated run, and its checks. Experiment files build on `run_config()`.
+"""The config of one simulated run, the systems a grid compares, and the checks.
 
-Fields (a locked ConfigDict; a misspelt override fails):
+Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   profile                hardware/model profile JSON (a file in asyncrl/sim/profiles, or a path)
-  num_instances, eta, schedule, seed
+  num_instances, eta, seed
+  label                  the system's name in results and tables ('' = the admission's name)
+  coordinator.*          the live config's `coordinator` section, same names and meanings
+                         (experiments/grpo.py): admission, admission_params.<name>, routing,
+                         latency_model ('' = the profile's step latency), sync,
+                         partial_rollout, migration, migration_interval_s, redundancy,
+                         dynamic_sampling
   group_size             N responses per prompt (GRPO group)
   batch_size             B, groups (prompts) per training step, fixed across cluster sizes
                          (strong scaling: more instances train the same batch faster), or
@@ -10,17 +16,28 @@ Fields (a locked ConfigDict; a misspelt override fails):
   train_gpus_per_instance  trainer GPUs per rollout instance (each instance is 8 GPUs)
   num_slots              decode slots per instance; 0 takes the profile's
   prompt_lengths, response_lengths   named distributions (asyncrl/sim/workload.py)
-  reprefill_on_resume    an interrupted response re-prefills its KV on resume (all schedules)
+  pass_rate_beta         (a, b): each prompt's chance of a reward of 1 (asyncrl/sim/prompts.py)
+  reprefill_on_resume    an interrupted response re-prefills its KV on resume
   warmup_steps, measure_steps   throughput is measured over the steps after warmup
   max_sim_time_s         a run that has not finished by then has deadlocked: an error
-  schedules.<name>       each schedule's own parameters (see its module)
+
+`systems()` names the systems a grid compares, each a labelled variant of an admission.
 """
 
 from __future__ import annotations
 
+import copy
+
 import ml_collections
 
 from asyncrl.config_args import ConfigError
+from asyncrl.coordinator.admission import ADMISSIONS
+
+# Fields that moved, and where they went: setting one fails naming its new place.
+MOVED = {
+    "schedule": "coordinator.admission (with coordinator.admission_params.<name>), or a "
+                "labelled system of the grid (systems(), grid.systems)",
+}
 
 
 def run_config() -> ml_collections.ConfigDict:
@@ -28,8 +45,25 @@ def run_config() -> ml_collections.ConfigDict:
     c.profile = "qwen2p5_7b_8xh100.json"
     c.num_instances = 32
     c.eta = 2
-    c.schedule = "staleflow"
     c.seed = 0
+    c.label = ""
+    co = c.coordinator = ml_collections.ConfigDict()
+    co.admission = "staleflow"
+    co.admission_params = ml_collections.ConfigDict({
+        "barrier": {"over_sampling": 1.0},
+        "token_bucket": {"drop_stale": False},
+        # staleness_threshold None: η. max_queue_size 0: (1 + threshold)·k·B.
+        "verl": {"staleness_threshold": None, "trigger_parameter_sync_step": 1,
+                 "max_queue_size": 0},
+    })
+    co.routing = "throughput_optimal"
+    co.latency_model = ""
+    co.sync = "when_idle"
+    co.partial_rollout = True
+    co.migration = "balance"
+    co.migration_interval_s = 5.0
+    co.redundancy = "none"
+    co.dynamic_sampling = False
     c.group_size = 16
     c.batch_size = 512
     c.groups_per_instance = 0.0
@@ -39,40 +73,84 @@ def run_config() -> ml_collections.ConfigDict:
         {"name": "lognormal", "median": 256.0, "sigma": 0.5, "cap": 2048})
     c.response_lengths = ml_collections.ConfigDict(
         {"name": "empirical", "path": "long_cot_math.json"})
+    c.pass_rate_beta = (1.0, 1.0)
     c.reprefill_on_resume = True
     c.warmup_steps = 2
     c.measure_steps = 6
     c.max_sim_time_s = 1.0e7
-
-    s = c.schedules = ml_collections.ConfigDict()
-    s.sync = ml_collections.ConfigDict({"router": "least_loaded"})
-    s.one_step = ml_collections.ConfigDict({"router": "least_loaded"})
-    s.verl = ml_collections.ConfigDict({
-        "router": "least_loaded", "staleness_threshold": 0.0,  # 0: use η
-        "trigger_parameter_sync_step": 1, "partial_rollout": True, "max_queue_groups": 0})
-    s.areal = ml_collections.ConfigDict({"router": "least_loaded"})
-    s.roll = ml_collections.ConfigDict({"router": "least_loaded"})
-    s.slime = ml_collections.ConfigDict({
-        "router": "least_loaded", "over_sampling": 1.5, "partial_rollout": True,
-        "update_weights_interval": 0})  # 0: use η
-    s.staleflow = ml_collections.ConfigDict({
-        "router": "throughput_optimal", "sync": "when_idle",
-        "sync_params": {"when_idle": {"low_watermark": 0.5}},
-        "migration": "balance",
-        "migration_params": {"balance": {"starve_fraction": 0.25, "min_gap": 8, "max_moves": 64}},
-        "migration_interval_s": 5.0, "redundancy": "none",
-        "redundancy_params": {"batch": {"batch_ratio": 1.25}, "group": {"extra_responses": 4}}})
+    for name in MOVED:
+        c[name] = ""  # a placeholder, so that setting it reaches `check` and its message
     c.lock()  # a misspelt field is an error, not a silently new key
     return c
 
 
+def systems() -> ml_collections.ConfigDict:
+    """The paper's systems as labelled variants of the admissions: label → the run config's
+    coordinator fields it sets, and `eta` where the system fixes its own.
+
+    The baselines route least-loaded and never migrate; StaleFlow uses every tool it has.
+    slime updates the weights every η steps, over-sampling 1.5·B and recycling the surplus as
+    partial rollouts; ROLL is AReaL's admission plus its replay buffer's collection.
+    """
+    base = {"routing": "least_loaded", "migration": "none"}
+    return ml_collections.ConfigDict({
+        "sync": {"eta": 0, "coordinator": {"admission": "barrier", **base}},
+        "one_step": {"eta": 1, "coordinator": {"admission": "barrier", **base}},
+        "verl": {"coordinator": {"admission": "verl", **base}},
+        "areal": {"coordinator": {"admission": "token_bucket", **base}},
+        "roll": {"coordinator": {"admission": "token_bucket", **base,
+                                 "admission_params": {"token_bucket": {"drop_stale": True}}}},
+        "slime": {"coordinator": {"admission": "barrier", **base,
+                                  "admission_params": {"barrier": {"over_sampling": 1.5}}}},
+        "staleflow": {"coordinator": {"admission": "staleflow", "routing": "throughput_optimal",
+                                      "sync": "when_idle", "migration": "balance"}},
+    })
+
+
+def system_config(run, systems_table, label: str, **fields) -> ml_collections.ConfigDict:
+    """A copy of `run` as system `label` of `systems_table`, with `fields` (e.g. num_instances,
+    eta, seed) set first; a system that fixes its η overrides the `eta` given."""
+    if label not in systems_table:
+        raise ConfigError(f"system {label!r} is not in systems; defined: "
+                         f"{', '.join(sorted(systems_table.keys()))}")
+    rc = copy.deepcopy(run)
+    for name, value in fields.items():
+        rc[name] = value
+    system = systems_table[label].to_dict()
+    unknown = set(system) - {"eta", "coordinator"}
+    if unknown:
+        raise ConfigError(f"systems.{label}: unknown field(s) {sorted(unknown)}; a system sets "
+                         "'eta' and 'coordinator' fields only")
+    rc.label = label
+    if "eta" in system:
+        rc.eta = system["eta"]
+    for name, value in system.get("coordinator", {}).items():
+        if name == "admission_params":
+            for admission, params in value.items():
+                table = rc.coordinator.admission_params
+                with table.unlocked():
+                    if admission not in table:
+                        table[admission] = {}
+                    for key, v in params.items():
+                        table[admission][key] = v
+        elif name not in rc.coordinator:
+            raise ConfigError(f"systems.{label}.coordinator.{name}: not a coordinator field; "
+                             f"fields: {', '.join(sorted(rc.coordinator.keys()))}")
+        else:
+            rc.coordinator[name] = value
+    return rc
+
+
+def label_of(c) -> str:
+    return c.label or c.coordinator.admission
+
+
 def check(c) -> None:
     """Raises ConfigError (a ValueError) naming the field, the value and what is allowed."""
-    from asyncrl.sim.schedules import SCHEDULES
-
-    if c.schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={c.schedule!r} is not registered; registered: "
-                          f"{', '.join(SCHEDULES.names())}")
+    for name, place in MOVED.items():
+        if name in c and c[name]:
+            raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
+    ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
     for name, minimum in (("num_instances", 1), ("eta", 0), ("group_size", 1), ("warmup_steps", 0),
                           ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0)):
         value = c[name]
@@ -83,3 +161,6 @@ def check(c) -> None:
             f"groups_per_instance={c.groups_per_instance!r}: must be > 0 when batch_size=0")
     if not c.train_gpus_per_instance > 0:
         raise ConfigError(f"train_gpus_per_instance={c.train_gpus_per_instance!r}: must be > 0")
+    if not c.coordinator.migration_interval_s >= 0:
+        raise ConfigError(f"coordinator.migration_interval_s={c.coordinator.migration_interval_s!r}: "
+                         "must be ≥ 0")

@@ -34,23 +34,32 @@ class EventLoop:
     def after(self, delay: float, fn: Callable[..., Any], *args: Any) -> None:
         self.at(self.now + delay, fn, *args)
 
-    def run(self, done: Callable[[], bool], max_time: float = float("inf")) -> None:
+    def run(self, done: Callable[[], bool], max_time: float = float("inf"),
+            after_time_point: Callable[[], None] = lambda: None) -> None:
         """Processes events in time order until `done()` holds.
+
+        `after_time_point()` runs once before the first event and after the last event of
+        each time point (every event due at that time, those it scheduled at the same time
+        included): a driver batches what happened at one instant there.
 
         Raises SimulationStalled if the heap empties or the clock passes `max_time` first:
         a schedule that deadlocks must fail loudly, not report a throughput.
         """
         heap = self._heap
         pop = heapq.heappop
+        after_time_point()
         while not done():
             if not heap:
                 raise SimulationStalled(f"no events left at t={self.now:.3f}s")
-            time, _, fn, args = pop(heap)
+            time = heap[0][0]
             if time > max_time:
                 raise SimulationStalled(f"virtual time passed the limit {max_time:.0f}s")
             self.now = time
-            fn(*args)
-            self.processed += 1
+            while heap and heap[0][0] == time:
+                _, _, fn, args = pop(heap)
+                fn(*args)
+                self.processed += 1
+            after_time_point()
 
     def __len__(self) -> int:
         return len(self._heap)

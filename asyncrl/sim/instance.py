@@ -5,11 +5,18 @@ decode-step counter, and a heap of the step at which each running trajectory fin
 never simulates single tokens: between two events the batch is fixed, so the time of k
 steps has a closed form (`LatencyModel.chunk_time`), and the next event of an instance is
 the next finish. Anything else that touches the instance (a new request, an interruption, a
-migration) first `settle`s it to the step boundary at or after now (the step in progress
-completes with the old batch, as in a real engine), then changes the batch and re-plans.
+migration, a pull) first `settle`s it to the step boundary at or after now (the step in
+progress completes with the old batch, as in a real engine), then changes the batch and
+re-plans.
 
 `clock` is the time the instance's state describes (≥ now after `settle`): it runs ahead of
 now while the instance is stalled by prefill or a weight pull. Decoding resumes at `clock`.
+
+It applies what the core asks, as a live `RolloutInstance` does: it starts queued work in its
+free slots (oldest V_traj first) through the TrajectoryServer's `try_start`, reports finished
+and interrupted trajectories through `report`, pulls weights between two decode steps (with
+partial rollout off, only once its running trajectories have finished, starting nothing new
+meanwhile), and tells the cluster whenever its state changed, which becomes an InstanceState.
 """
 
 from __future__ import annotations
@@ -18,21 +25,24 @@ import heapq
 
 from asyncrl.coordinator.routing import PendingQueue
 
-# Trajectory states in the simulator (the live system's lifecycle has more, e.g. REWARDED).
-HELD, QUEUED, RUNNING, DONE, ABORTED = range(5)
+# Where a simulated trajectory is (the server's lifecycle has more states, e.g. REWARDED).
+HELD, QUEUED, RUNNING, DONE, GONE = range(5)  # GONE: dropped, its tokens counted as wasted
 
 
 class Traj:
     """One response. `gen` counts tokens generated before the current run segment."""
 
-    __slots__ = ("id", "group", "prompt", "target", "gen", "inst", "base_step", "finish_step",
-                 "state")
+    __slots__ = ("id", "entry", "prompt", "target", "reward", "v_traj", "gen", "inst",
+                 "base_step", "finish_step", "state")
 
-    def __init__(self, tid: int, group, prompt: int, target: int):
+    def __init__(self, tid: int, entry: int, prompt: int, target: int, reward: float,
+                 v_traj: int):
         self.id = tid
-        self.group = group
+        self.entry = entry
         self.prompt = prompt
         self.target = target  # its full length: it finishes after `target` tokens
+        self.reward = reward
+        self.v_traj = v_traj  # its entry's; no token of it may come from older weights
         self.gen = 0
         self.inst = None
         self.base_step = 0
@@ -47,14 +57,20 @@ class Traj:
 
 
 class SimInstance:
-    def __init__(self, idx: int, engine):
+    def __init__(self, idx: int, cluster):
         self.idx = idx
-        self.engine = engine
-        self.model = engine.profile.latency
-        self.prefill_s = engine.profile.latency.prefill_s_per_token
-        self.slots = engine.slots
+        self.cluster = cluster
+        self.loop = cluster.loop
+        self.metrics = cluster.metrics
+        self.server = cluster.server
+        self.model = cluster.profile.latency
+        self.prefill_s = cluster.profile.latency.prefill_s_per_token
+        self.slots = cluster.slots
+        self.partial_rollout = cluster.partial_rollout
         self.version = 0
-        self.syncing = False
+        self.syncing = False  # a pull is asked for, waiting (no partial rollout) or running
+        self.waiting_pull = False  # no partial rollout: the pull waits for running work
+        self.loading = False  # weights are being transferred
         self.clock = 0.0
         self.steps = 0
         self.n = 0
@@ -70,7 +86,6 @@ class SimInstance:
         self.planned = 0
         self.pull_id = 0
         self._pushes = 0  # heap tie-breaker: a re-admitted response may repeat a finish step
-        self._was_free = True
 
     # ---------------------------------------------------------------- time
 
@@ -85,13 +100,11 @@ class SimInstance:
         j = min(self.model.steps_within(self.n, self.kv, elapsed), self.planned)
         if j < self.planned and self.model.chunk_time(self.n, self.kv, j) < elapsed:
             j += 1  # the step in progress completes with the batch it started with
-        if j and self._advance(j):
-            # Slots freed mid-operation: refill them and tell the schedule after the current
-            # event, so no dispatch loop is re-entered.
-            self.engine.loop.at(now, self._freed)
+        if j:
+            self._advance(j)  # the caller commits: freed slots are refilled there
 
-    def _advance(self, j: int) -> bool:
-        """Runs j decode steps of the current batch; returns whether any trajectory finished."""
+    def _advance(self, j: int) -> None:
+        """Runs j decode steps of the current batch, finishing the trajectories due."""
         n = self.n
         self.clock += self.model.chunk_time(n, self.kv, j)
         steps = self.steps = self.steps + j
@@ -99,7 +112,7 @@ class SimInstance:
         self.planned -= j
         heap = self.heap
         if not heap or heap[0][0] > steps:
-            return False
+            return
         finished = []
         running = self.running
         pop = heapq.heappop
@@ -114,22 +127,13 @@ class SimInstance:
             self.kv -= traj.prompt + traj.target
             finished.append(traj)
         self.n -= len(finished)
-        done = self.engine.on_traj_done
-        clock = self.clock
-        for traj in finished:
-            done(traj, clock)
-        return bool(finished)
-
-    def _freed(self) -> None:
-        self.commit(self.engine.loop.now)
-        self.engine.on_slots_freed(self)
+        self.cluster.finished(self, finished)
 
     def _on_chunk_end(self, plan: int) -> None:
         if plan != self.plan:
             return  # re-planned since
         self._advance(self.planned)
-        self.commit(self.engine.loop.now)
-        self.engine.on_slots_freed(self)
+        self.commit(self.loop.now)
 
     def replan(self) -> None:
         self.plan += 1
@@ -142,23 +146,23 @@ class SimInstance:
             return
         self.planned = heap[0][0] - self.steps
         end = self.clock + self.model.chunk_time(self.n, self.kv, self.planned)
-        self.engine.loop.at(end, self._on_chunk_end, self.plan)
+        self.loop.at(end, self._on_chunk_end, self.plan)
 
     # ---------------------------------------------------------------- work
 
-    def enqueue(self, traj: Traj, priority: int) -> None:
+    def enqueue(self, traj: Traj) -> None:
         """Routes a trajectory here; it waits for a slot (call `commit` after a batch)."""
         traj.state = QUEUED
         traj.inst = self
         if self.nq == len(self.direct) and self.n + self.nq < self.slots:
             self.direct.append(traj)
         else:
-            self.queue.push(traj, priority)
+            self.queue.push(traj, traj.v_traj)
         self.nq += 1
 
     def _fill(self, now: float) -> None:
         """Moves queued work into free slots, oldest V_traj first, and charges its prefill."""
-        if self.nq == 0 or self.n >= self.slots:
+        if self.nq == 0 or self.n >= self.slots or self.waiting_pull:
             return
         self.settle(now)
         prefill = 0
@@ -168,11 +172,19 @@ class SimInstance:
         queue = self.queue
         heap = self.heap
         running = self.running
+        try_start = self.server.try_start
         while self.n < self.slots and self.nq:
             traj = direct.pop() if direct else queue.pop()
             if traj.state != QUEUED or traj.inst is not self:
                 continue
             self.nq -= 1
+            if not try_start(traj.id, self.steps):
+                # Aborted or re-routed since it was queued (a live instance skips it too).
+                traj.state, traj.inst = HELD, None
+                continue
+            if version < traj.v_traj:
+                raise AssertionError(f"trajectory {traj.id} (V_traj {traj.v_traj}) started on "
+                                     f"instance {self.idx} holding older weights {version}")
             traj.state = RUNNING
             traj.base_step = self.steps
             traj.finish_step = self.steps + traj.target - traj.gen
@@ -184,14 +196,11 @@ class SimInstance:
             self.kv += tokens
             prefill += tokens
             resumed += traj.gen
-            group = traj.group
-            if version < group.min_start:
-                group.min_start = version
         for traj in direct:  # cannot happen (direct work fits by construction); kept safe
             if traj.state == QUEUED and traj.inst is self:
-                queue.push(traj, traj.group.prio)
+                queue.push(traj, traj.v_traj)
         self.clock = max(self.clock, now) + self.prefill_s * prefill
-        self.engine.metrics.reprefill_tokens += resumed
+        self.metrics.reprefill_tokens += resumed
 
     def remove(self, traj: Traj, now: float) -> bool:
         """Takes a queued or running trajectory off this instance, keeping its tokens.
@@ -215,50 +224,62 @@ class SimInstance:
         traj.inst = None
         return True
 
-    def pull(self, now: float, version: int, transfer_s: float, reprefill: bool) -> None:
-        """Loads weights `version`: decoding stops for the transfer, then running trajectories
-        are re-prefilled (their KV came from the old weights) and resume where they were."""
-        self.settle(now)
-        self.version = version
-        stall = transfer_s
-        if reprefill and self.n:
-            stall += self.prefill_s * self.kv
-            self.engine.metrics.reprefill_tokens += self.kv
-        self.clock = max(self.clock, now) + stall
+    # ---------------------------------------------------------------- weights
+
+    def request_pull(self, now: float) -> None:
+        """The core asked this instance to sync: pull the newest weights between two decode
+        steps, or (partial rollout off) once the running trajectories have finished. The
+        caller commits."""
         self.syncing = True
+        if self.partial_rollout:
+            self._pull(now)
+        else:
+            self.waiting_pull = True
+
+    def _pull(self, now: float) -> None:
+        """Loads the newest weights: decoding stops for the transfer, then running trajectories
+        are re-prefilled (their KV came from the old weights) and resume where they were. The
+        weights are in place once transferred: the re-prefill is part of resuming."""
+        self.waiting_pull = False
+        self.settle(now)
+        cluster = self.cluster
+        version = cluster.latest_version
+        if version <= self.version:  # nothing newer: done, or done when the transfer is
+            if not self.loading:
+                self.syncing = False
+                cluster.synced(self, self.version)
+            return
+        self.version = version
+        self.loading = True
+        start = max(self.clock, now)
+        loaded = start + cluster.transfer_s
+        stall = cluster.transfer_s
+        if cluster.reprefill and self.n:
+            stall += self.prefill_s * self.kv
+            self.metrics.reprefill_tokens += self.kv
+        self.clock = start + stall
         self.pull_id += 1
-        self.engine.metrics.pulls += 1
-        self.engine.loop.at(self.clock, self._pull_done, self.pull_id)
-        # Settling may have finished the last running responses: queued work takes their
-        # slots now, and starts (prefilled with the new weights) once the pull is done.
-        self.commit(now)
+        self.metrics.pulls += 1
+        self.loop.at(loaded, self._pull_done, self.pull_id)
 
     def _pull_done(self, pull_id: int) -> None:
         if pull_id != self.pull_id:
             return  # a later pull extended the stall; its own event ends it
-        self.syncing = False
-        self.publish()
-        self.engine.on_instance_synced(self)
+        self.syncing = self.loading = False
+        self.cluster.changed(self)
+        self.cluster.synced(self, self.version)
 
     def commit(self, now: float) -> None:
-        """After routing or removals: fill free slots, re-plan, publish the new view."""
-        self._fill(now)
+        """After routing, removals or a sync request: start a pull that waited for running
+        work to finish, fill free slots, re-plan, and tell the cluster the state changed."""
+        if self.waiting_pull:
+            self.settle(now)
+            if self.n == 0:
+                self._pull(now)
+        if self.nq and self.n < self.slots:
+            self._fill(now)
         self.replan()
-        self.publish()
-
-    def publish(self) -> None:
-        """Writes this instance's state into the shared ClusterView the policies read."""
-        cv = self.engine.cv
-        i = self.idx
-        cv.running[i] = self.n
-        cv.queued[i] = self.nq
-        cv.kv_tokens[i] = self.kv
-        cv.version[i] = self.version
-        cv.syncing[i] = self.syncing
-        free = self.n + self.nq < self.slots
-        if free != self._was_free:
-            self.engine.n_free += 1 if free else -1
-            self._was_free = free
+        self.cluster._changed[self.idx] = self
 
     @property
     def load(self) -> int:

@@ -2,9 +2,8 @@
 
 Throughput is response tokens trained per second of virtual time over the measured steps
 (after `warmup_steps`, so pipelines are full), the quantity the paper compares. Staleness is
-recorded for every consumed entry of every step: consumed version − V_traj, where V_traj is
-the reserved version (StaleFlow) or the oldest version any of its tokens came from (the
-baselines, which reserve nothing).
+recorded for every consumed entry of every step: consumed version − V_traj, V_traj being the
+version of the instance the core dispatched the entry to (the TrajectoryServer's record).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ class Metrics:
 
 
 class CoordTimer:
-    """Wall time spent inside coordinator policies and the StalenessManager."""
+    """Wall time spent inside the coordinator core (its steps and the trainer's batch takes)."""
 
     def __init__(self):
         self.total = 0.0
@@ -52,7 +51,7 @@ class CoordTimer:
 class Result:
     """One simulated run. Every field but `wall_s` and `coordinator_s` is deterministic."""
 
-    schedule: str
+    system: str  # the label of the system simulated (the admission's name by default)
     instances: int
     eta: int
     seed: int

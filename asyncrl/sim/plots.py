@@ -1,7 +1,7 @@
 """Plots of a grid (matplotlib, Agg backend: no display needed).
 
-  throughput.png  throughput vs instances, one line per schedule, one panel per η
-  staleness.png   histogram of consumed-entry staleness per schedule (all runs summed), η panels
+  throughput.png  throughput vs instances, one line per system, one panel per η
+  staleness.png   histogram of consumed-entry staleness per system (all runs summed), η panels
 """
 
 from __future__ import annotations
@@ -21,14 +21,14 @@ def _panels(n: int):
 
 def throughput(results, path: str) -> None:
     etas = sorted({r.eta for r in results})
-    schedules = list(dict.fromkeys(r.schedule for r in results))
+    systems = list(dict.fromkeys(r.system for r in results))
     fig, axes = _panels(len(etas))
-    styles = ["-", "--", "-.", ":"]  # schedules that coincide (verl, AReaL) stay visible
+    styles = ["-", "--", "-.", ":"]  # systems that coincide (verl, AReaL) stay visible
     for ax, eta in zip(axes, etas):
-        for k, s in enumerate(schedules):
+        for k, s in enumerate(systems):
             pts = collections.defaultdict(list)
             for r in results:
-                if r.eta == eta and r.schedule == s:
+                if r.eta == eta and r.system == s:
                     pts[r.instances].append(r.throughput_tok_s)
             xs = sorted(pts)
             ys = [sum(pts[x]) / len(pts[x]) / 1e6 for x in xs]
@@ -49,20 +49,20 @@ def throughput(results, path: str) -> None:
 
 def staleness(results, path: str) -> None:
     etas = sorted({r.eta for r in results})
-    schedules = list(dict.fromkeys(r.schedule for r in results))
+    systems = list(dict.fromkeys(r.system for r in results))
     fig, axes = _panels(len(etas))
-    width = 0.8 / max(len(schedules), 1)
+    width = 0.8 / max(len(systems), 1)
     for ax, eta in zip(axes, etas):
         top = 0
-        for i, s in enumerate(schedules):
+        for i, s in enumerate(systems):
             hist = collections.Counter()
             for r in results:
-                if r.eta == eta and r.schedule == s:
+                if r.eta == eta and r.system == s:
                     hist.update(r.staleness_hist)
             total = sum(hist.values()) or 1
             ks = sorted(hist)
             top = max([top, *ks])
-            ax.bar([k + (i - len(schedules) / 2) * width for k in ks],
+            ax.bar([k + (i - len(systems) / 2) * width for k in ks],
                    [hist[k] / total for k in ks], width=width, label=s)
         ax.axvline(eta + 0.5, color="red", ls="--", lw=1)
         ax.set_xticks(range(top + 1))

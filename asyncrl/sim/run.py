@@ -3,8 +3,8 @@
 Outputs of `run_grid` in the workdir:
   results.csv          one row per run; deterministic (no wall times), so two runs with the
                        same config and seeds are bit-identical
-  results.md           the throughput table (tokens/s per schedule; StaleFlow's ratio to
-                       each baseline), and the staleness each schedule reached
+  results.md           the throughput table (tokens/s per system; StaleFlow's ratio to
+                       each baseline), and the staleness each system reached
   timing.json          wall time of each run and the coordinator's share of it
   throughput.png, staleness.png   (asyncrl/sim/plots.py)
 """
@@ -12,7 +12,6 @@ Outputs of `run_grid` in the workdir:
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import csv
 import dataclasses
 import json
@@ -22,70 +21,93 @@ from typing import Iterable
 
 import ml_collections
 
-from asyncrl.sim.config import check
-from asyncrl.sim.engine import Engine
+from asyncrl.sim.cluster import Cluster
+from asyncrl.sim.config import check, system_config
 from asyncrl.sim.metrics import Result
 
 # Wall times vary run to run; they go to timing.json, not the (deterministic) CSV.
 CSV_FIELDS = [f.name for f in dataclasses.fields(Result)
               if f.name not in ("wall_s", "coordinator_s")]
-BASELINES = ("sync", "one_step", "verl", "areal", "roll", "slime")
+BASELINES = ("sync", "one_step", "verl", "areal", "roll", "slime")  # labels of systems()
 
 
 def simulate(run_config) -> Result:
     check(run_config)
-    return Engine(run_config).run()
+    return Cluster(run_config).run()
 
 
-def grid_points(config) -> list:
-    """The run configs of an experiment's grid, in a fixed order."""
-    points = []
-    for n in config.grid.instances:
-        for eta in config.grid.etas:
-            for seed in config.grid.seeds:
-                for schedule in config.grid.schedules:
-                    rc = copy.deepcopy(config.run)
-                    with rc.unlocked():
-                        rc.num_instances, rc.eta, rc.seed, rc.schedule = n, eta, seed, schedule
-                    points.append(rc)
-    return points
+def simulate_point(run_config, systems_table, label: str, *, instances: int, eta: int,
+                   seed: int | None = None) -> Result:
+    """System `label` at one grid point. A system that fixes its own η (sync, one_step) runs
+    with it, and is reported at the point's η, so every table row has every system."""
+    fields = {"num_instances": instances, "eta": eta}
+    if seed is not None:
+        fields["seed"] = seed
+    rc = system_config(run_config, systems_table, label, **fields)
+    return dataclasses.replace(simulate(rc), eta=eta)
 
 
-def _simulate_dict(d: dict) -> Result:
-    return simulate(ml_collections.ConfigDict(d))
+def grid_points(config) -> list[dict]:
+    """The grid's points (system, instances, η, seed), in a fixed order."""
+    if "schedules" in config.grid and config.grid.schedules:
+        raise ValueError(f"grid.schedules={list(config.grid.schedules)!r}: this field moved to "
+                         "grid.systems (labels of the config's systems)")
+    return [{"label": label, "instances": n, "eta": eta, "seed": seed}
+            for n in config.grid.instances for eta in config.grid.etas
+            for seed in config.grid.seeds for label in config.grid.systems]
+
+
+def _simulate_point(config, point: dict) -> Result:
+    if isinstance(config, dict):  # in a worker process
+        config = ml_collections.ConfigDict(config)
+    return simulate_point(config.run, config.systems, point["label"], instances=point["instances"],
+                          eta=point["eta"], seed=point["seed"])
 
 
 def run_grid(config, workdir: str, progress: bool = True) -> list[Result]:
     """Runs every grid point (in `config.grid.workers` processes) and writes the outputs.
 
     Results are kept in grid order whatever order the workers finish in, so the CSV does
-    not depend on the number of workers.
+    not depend on the number of workers. A system that fixes its own η (sync, one_step) is
+    the same run at every η of the grid: it runs once, and its result fills each η's row.
     """
     from tqdm import tqdm
 
     os.makedirs(workdir, exist_ok=True)
     points = grid_points(config)
-    results: list[Result | None] = [None] * len(points)
+    key = [_run_key(config, p) for p in points]
+    unique = list(dict.fromkeys(key))
+    first = {k: points[key.index(k)] for k in unique}
+    done: dict[tuple, Result] = {}
     # Closed (its line ended) on an error too, so the error is not printed onto the bar.
-    with tqdm(total=len(points), desc="sim grid", unit="run", disable=not progress) as bar:
+    with tqdm(total=len(unique), desc="sim grid", unit="run", disable=not progress) as bar:
         if config.grid.workers <= 1:
-            for i, rc in enumerate(points):
-                bar.set_postfix_str(f"{rc.schedule} I={rc.num_instances} η={rc.eta}")
-                results[i] = simulate(rc)
+            for k in unique:
+                p = first[k]
+                bar.set_postfix_str(f"{p['label']} I={p['instances']} η={p['eta']}")
+                done[k] = _simulate_point(config, p)
                 bar.update()
         else:
             # Spawned, not forked: a caller that has JAX (or any threads) running would be
             # forked mid-lock; the simulator's workers need neither.
             spawn = multiprocessing.get_context("spawn")
+            config_dict = config.to_dict()
             with concurrent.futures.ProcessPoolExecutor(config.grid.workers,
                                                         mp_context=spawn) as pool:
-                futures = {pool.submit(_simulate_dict, rc.to_dict()): i
-                           for i, rc in enumerate(points)}
+                futures = {pool.submit(_simulate_point, config_dict, first[k]): k for k in unique}
                 for fut in concurrent.futures.as_completed(futures):
-                    results[futures[fut]] = fut.result()
+                    done[futures[fut]] = fut.result()
                     bar.update()
+    results = [dataclasses.replace(done[k], eta=p["eta"]) for k, p in zip(key, points)]
     write_outputs(results, workdir)
     return results
+
+
+def _run_key(config, point: dict) -> tuple:
+    """What a point's run depends on: the η it runs with, not the row it is reported in."""
+    system = config.systems[point["label"]]
+    eta = system["eta"] if "eta" in system else point["eta"]
+    return point["label"], point["instances"], eta, point["seed"]
 
 
 def write_csv(results: Iterable[Result], path: str) -> None:
@@ -109,7 +131,7 @@ def ratios(results: list[Result]) -> dict[tuple[int, int], dict[str, float]]:
     by_point: dict[tuple[int, int], dict[str, list[float]]] = {}
     for r in results:
         point = by_point.setdefault((r.instances, r.eta), {})
-        point.setdefault(r.schedule, []).append(r.throughput_tok_s)
+        point.setdefault(r.system, []).append(r.throughput_tok_s)
     out = {}
     for point, d in by_point.items():
         mean = {k: sum(v) / len(v) for k, v in d.items()}
@@ -119,15 +141,15 @@ def ratios(results: list[Result]) -> dict[tuple[int, int], dict[str, float]]:
 
 
 def markdown(results: list[Result]) -> str:
-    schedules = list(dict.fromkeys(r.schedule for r in results))
+    systems = list(dict.fromkeys(r.system for r in results))
     points = sorted({(r.instances, r.eta) for r in results})
-    tput = {(r.instances, r.eta, r.schedule): r for r in results}
+    tput = {(r.instances, r.eta, r.system): r for r in results}
     lines = ["### Throughput (response tokens/s, thousands)", "",
-             "| instances | η | " + " | ".join(schedules) + " |",
-             "|---:|---:|" + "---:|" * len(schedules)]
+             "| instances | η | " + " | ".join(systems) + " |",
+             "|---:|---:|" + "---:|" * len(systems)]
     for n, eta in points:
         cells = [f"{tput[(n, eta, s)].throughput_tok_s / 1e3:.1f}" if (n, eta, s) in tput else "–"
-                 for s in schedules]
+                 for s in systems]
         lines.append(f"| {n} | {eta} | " + " | ".join(cells) + " |")
     rat = ratios(results)
     if rat:
@@ -142,12 +164,12 @@ def markdown(results: list[Result]) -> str:
             lines.append(f"| {n} | {eta} | {cells} | {mean} |")
     etas = sorted({r.eta for r in results})
     lines += ["", "### Observed staleness of consumed entries (max / mean over all runs)", "",
-              "| schedule | " + " | ".join(f"η={e}" for e in etas) + " |",
+              "| system | " + " | ".join(f"η={e}" for e in etas) + " |",
               "|---|" + "---|" * len(etas)]
-    for s in schedules:
+    for s in systems:
         cells = []
         for eta in sorted({r.eta for r in results}):
-            rs = [r for r in results if r.schedule == s and r.eta == eta]
+            rs = [r for r in results if r.system == s and r.eta == eta]
             if rs:
                 mx = max(r.max_staleness for r in rs)
                 mean = sum(r.mean_staleness for r in rs) / len(rs)
@@ -165,7 +187,7 @@ def write_outputs(results: list[Result], workdir: str) -> None:
     write_csv(results, os.path.join(workdir, "results.csv"))
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(markdown(results))
-    timing = [{"schedule": r.schedule, "instances": r.instances, "eta": r.eta, "seed": r.seed,
+    timing = [{"system": r.system, "instances": r.instances, "eta": r.eta, "seed": r.seed,
                "wall_s": r.wall_s, "coordinator_s": r.coordinator_s, "events": r.events}
               for r in results]
     with open(os.path.join(workdir, "timing.json"), "w") as f:

@@ -1,13 +1,16 @@
-r"""The simulator's paper grid: every schedule at 32–1,024 instances and η ∈ {1, 2, 4}.
+r"""The simulator's paper grid: every system at 32–1,024 instances and η ∈ {1, 2, 4}.
 
   python -m asyncrl.sim --config=experiments/sim/paper.py --workdir=/tmp/sim_paper
   python -m asyncrl.sim --config=experiments/sim/paper.py:runlocal --workdir=/tmp/sim_small
 
-Full grid: 5 cluster sizes × 3 η × 7 schedules = 105 runs, ~4 minutes on one CPU core
-(each run is 2 + 6 training steps of a 512-prompt × 16-response batch; the simulator costs
-about the same at 32 and at 1,024 instances because the batch is fixed). Writes
+Full grid: 5 cluster sizes × 3 η × 7 systems = 105 points, 85 runs (sync and one_step fix
+their own η: one run fills every η's row). Each run is 2 + 6 training steps of a 512-prompt ×
+16-response batch, every trajectory going through the coordinator core and the trajectory
+server as live ones do, so a run costs about the same at 32 and at 1,024 instances (the
+batch is fixed): ~5 s of one core, the grid ~7 CPU-minutes, spread over `grid.workers`
+processes (one per core, at most 4; results are identical for any number). Writes
 results.csv, results.md, timing.json, throughput.png and staleness.png to the workdir.
-`runlocal` shrinks it to 2 sizes × 2 η for a quick look (~20 s).
+`runlocal` shrinks it to 2 sizes × 2 η for a quick look.
 
 Workload: a 7B-class model on 8-GPU rollout instances (asyncrl/sim/profiles/
 qwen2p5_7b_8xh100.json, from public figures), long chain-of-thought math response lengths
@@ -15,10 +18,12 @@ qwen2p5_7b_8xh100.json, from public figures), long chain-of-thought math respons
 groups of 16, 4 trainer GPUs per rollout instance.
 """
 
+import os
+
 import ml_collections
 
 from asyncrl.config_args import parse_arg
-from asyncrl.sim.config import run_config
+from asyncrl.sim.config import run_config, systems
 
 
 def get_config(arg=None):
@@ -30,8 +35,14 @@ def get_config(arg=None):
     config.grid.instances = [32, 64, 128, 256, 1024]
     config.grid.etas = [1, 2, 4]
     config.grid.seeds = [arg.seed]
-    config.grid.schedules = ["sync", "one_step", "verl", "areal", "roll", "slime", "staleflow"]
-    config.grid.workers = 1  # processes; results are identical for any number
+    # Labels of `config.systems`, each an admission with its parameters (asyncrl/sim/config.py):
+    # sync = barrier at η = 0, one_step = barrier at η = 1, slime = barrier over-sampling 1.5
+    # (weights updated every η steps), areal = token_bucket, roll = token_bucket dropping
+    # stale entries, verl = verl, staleflow = staleflow.
+    config.systems = systems()
+    config.grid.systems = ["sync", "one_step", "verl", "areal", "roll", "slime", "staleflow"]
+    config.grid.schedules = ()  # moved to grid.systems; kept so that setting it says so
+    config.grid.workers = min(4, os.cpu_count() or 1)  # results are identical for any number
     if arg.runlocal:
         config.grid.instances = [32, 128]
         config.grid.etas = [1, 2]

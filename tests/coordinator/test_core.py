@@ -13,7 +13,7 @@ from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, E
                                           Finished, InstanceState, Prompt, Published, Score,
                                           Scored, Sync, Synced)
 from asyncrl.servers.trajectory import TrajectoryServer
-from asyncrl.staleness import StalenessError, TrajectoryState as S
+from asyncrl.staleness import StalenessError
 
 GROUP, SLOTS = 2, 8
 

@@ -2,10 +2,10 @@
 
 Every response has P prompt and L response tokens; the B·N responses of a step run as one
 batch of n = B·N. One step then takes, in order: prefill of n·P tokens, L decode steps
-(step i reads n·(P + i) KV tokens), the reward latency, the training step, and weight
-transfers (one broadcast for `sync`; a push to the parameter server and a pull for
-StaleFlow). The sum is computed here step by step, independently of the simulator's
-closed-form chunk sums.
+(step i reads n·(P + i) KV tokens), the reward latency, the training step, and two weight
+transfers: the trainer's push to the parameter server, then the instance's pull (asked for
+by the sync policy for StaleFlow, by the barrier's collective update for `sync`). The sum is
+computed here step by step, independently of the simulator's closed-form chunk sums.
 """
 
 import pytest
@@ -28,9 +28,9 @@ def step_period(profile: Profile, transfers: int) -> float:
     return prefill + decode + profile.reward_latency_s + train + transfers * profile.transfer_s()
 
 
-@pytest.mark.parametrize("schedule, transfers", [("sync", 1), ("staleflow", 2)])
-def test_constant_lengths_match_closed_form(schedule, transfers):
-    c = tiny(schedule, instances=1, eta=0, batch=B, group=N,
+@pytest.mark.parametrize("system, transfers", [("sync", 2), ("staleflow", 2)])
+def test_constant_lengths_match_closed_form(system, transfers):
+    c = tiny(system, instances=1, eta=0, batch=B, group=N,
              response={"name": "constant", "value": L}, steps=(1, 4))
     r = simulate(c)
     profile = Profile.load(c.profile)

@@ -74,20 +74,32 @@ def test_calibration_reads_a_barrier_run_and_refuses_an_overlapping_one(tmp_path
         calibrate.from_barrier_run(tmp_path / "missing", num_slots=4)
 
 
-def test_only_schedules_with_a_simulated_counterpart_are_mapped(tmp_path):
+def test_every_admission_maps_and_dynamic_sampling_is_refused(tmp_path):
     from experiments import staleflow as staleflow_experiment
-    from experiments.baselines import sync, token_bucket
+    from experiments.baselines import barrier, sync, token_bucket
+
+    from asyncrl.sim.run import simulate
 
     _write_rows(tmp_path / "sync", [0])
     calibration = calibrate.from_barrier_run(tmp_path / "sync", num_slots=4)
     sim = calibrate.simulator_config(sync.get_config("tiny"), calibration, tmp_path / "sim", 5)
-    assert (sim.schedule, sim.eta, sim.measure_steps, sim.reprefill_on_resume) == ("sync", 0, 4, False)
-    with pytest.raises(ValueError, match="token_bucket"):
-        calibrate.simulator_config(token_bucket.get_config("tiny"), calibration, tmp_path / "sim", 5)
+    assert (sim.coordinator.admission, sim.eta, sim.measure_steps, sim.reprefill_on_resume) == (
+        "barrier", 0, 4, False)
+    sim = calibrate.simulator_config(token_bucket.get_config("tiny"), calibration, tmp_path / "sim", 5)
+    assert (sim.coordinator.admission, sim.coordinator.migration) == ("token_bucket", "none")
+    slime_like = calibrate.simulator_config(barrier.get_config("tiny"), calibration,
+                                            tmp_path / "sim", 5)
+    assert slime_like.coordinator.admission_params.barrier.over_sampling == 1.5
     staleflow = staleflow_experiment.get_config("tiny")
     staleflow.coordinator.redundancy = "batch"
     sim = calibrate.simulator_config(staleflow, calibration, tmp_path / "sim", 5)
-    assert (sim.schedule, sim.schedules.staleflow.redundancy) == ("staleflow", "batch")
-    staleflow.coordinator.partial_rollout = False
-    with pytest.raises(ValueError, match="partial_rollout=False"):
+    assert (sim.coordinator.admission, sim.coordinator.redundancy, sim.coordinator.routing) == (
+        "staleflow", "batch", "throughput_optimal")
+    assert sim.coordinator.latency_model == staleflow.coordinator.latency_model
+    staleflow.coordinator.partial_rollout = False  # a pull waits for running work, as live
+    sim = calibrate.simulator_config(staleflow, calibration, tmp_path / "sim", 5)
+    assert sim.coordinator.partial_rollout is False
+    assert simulate(sim).throughput_tok_s > 0
+    staleflow.coordinator.dynamic_sampling = True
+    with pytest.raises(ValueError, match="dynamic_sampling=True"):
         calibrate.simulator_config(staleflow, calibration, tmp_path / "sim", 5)

@@ -1,12 +1,15 @@
-"""Length distributions and the hardware profile: shapes, caps, and errors that name the field."""
+"""Length distributions, the simulated task and the hardware profile: shapes, caps, the same
+work under every system, and errors that name the field."""
 
 import json
 
 import numpy as np
 import pytest
 
-from asyncrl.sim.engine import Engine
+from asyncrl.sim.cluster import Cluster
+from asyncrl.sim.instance import GONE
 from asyncrl.sim.profile import PROFILE_DIR, Profile
+from asyncrl.sim.prompts import SimPrompts
 from asyncrl.sim.workload import LENGTHS, build_lengths
 
 from tests.sim.helpers import tiny
@@ -76,23 +79,35 @@ def test_profile_errors_name_the_file_and_field(tmp_path):
         assert str(path) in str(err.value)
 
 
-def test_same_group_same_lengths_under_every_schedule():
-    a = Engine(tiny("areal", seed=3))
-    b = Engine(tiny("staleflow", seed=3))
-    for gid in range(5):
-        ga, gb = a.new_group(0), b.new_group(0)
-        assert ga.prompt == gb.prompt
-        assert [t.target for t in ga.trajs] == [t.target for t in gb.trajs]
+def test_same_prompt_same_work_under_every_system():
+    a = Cluster(tiny("areal", seed=3)).prompts
+    b = Cluster(tiny("staleflow", seed=3)).prompts
+    for _ in range(5):
+        pa, pb = next(a), next(b)
+        assert pa.prompt_id == pb.prompt_id and len(pa.tokens) == len(pb.tokens)
+        assert a.responses(pa.prompt_id) == b.responses(pb.prompt_id)
+    # Prompt g's work does not depend on which prompts were drawn before it.
+    late = SimPrompts(tiny("sync", seed=3), responses_per_prompt=4)
+    assert late.responses(1500) == a.responses(1500)
+    assert late.responses(4) == a.responses(4)
+
+
+def test_rewards_vary_by_prompt():
+    prompts = SimPrompts(tiny(seed=0, group=16), responses_per_prompt=16)
+    rewards = [prompts.responses(g)[2] for g in range(200)]
+    assert {r for row in rewards for r in row} == {0.0, 1.0}
+    agree = sum(len(set(row)) == 1 for row in rewards)
+    assert 5 < agree < 50  # about 2/17 of groups of 16 when the pass rate is uniform
 
 
 def test_tokens_are_conserved():
     # Every decoded token either trains or is counted as wasted; nothing is lost or doubled.
-    c = tiny("slime", instances=2, eta=1, batch=6, group=4, slots=8, steps=(0, 5))
-    e = Engine(c)
-    e.run()
-    m = e.metrics
-    in_flight = sum(t.tokens() for g in e.groups.values() for t in g.trajs if t.state != 3)
-    trained = sum(m.step_tokens)
-    pending_done = sum(t.target for g in e.groups.values() for t in g.trajs if t.state == 3)
-    assert m.generated_tokens == trained + m.wasted_tokens + pending_done
-    assert in_flight >= 0
+    for system in ("slime", "roll"):
+        c = tiny(system, instances=2, eta=1, batch=6, group=4, slots=8, steps=(0, 5))
+        cluster = Cluster(c)
+        cluster.run()
+        m = cluster.metrics
+        trained = sum(m.step_tokens)
+        done = sum(t.target for t in cluster.trajs.values() if t.state == 3)  # not trained yet
+        assert all(t.state != GONE for t in cluster.trajs.values())
+        assert m.generated_tokens == trained + m.wasted_tokens + done

@@ -1,0 +1,114 @@
+"""The admission interface every schedule implements, its registry, and the collective
+weight update the baselines share. The schedules themselves are this package's modules."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from asyncrl.registry import Registry
+
+if TYPE_CHECKING:
+    from asyncrl.coordinator.core import Core
+
+ADMISSIONS = Registry("admission")
+
+
+class Admission:
+    bounded = True  # consumed entries satisfy V_traj ≤ version ≤ V_traj + η (the core checks)
+    core: Core
+
+    def attach(self, core: Core) -> None:
+        self.core = core
+
+    # ---------------------------------------------------------------- dispatch
+
+    def may_dispatch(self) -> bool:
+        """Whether any work (new or resumed) may be routed now."""
+        return True
+
+    def admits_new(self) -> bool:
+        """Whether one more new entry may be admitted now (counts, not instances)."""
+        return True
+
+    def version_admits_new(self, version: int) -> bool:
+        """Whether a new entry may land on an instance of this version (V_traj = version)."""
+        return True
+
+    def on_dispatched(self, entry: int, v_traj: int) -> None: ...
+
+    def on_scored(self, entry: int) -> None:
+        """A group is complete and passed the filters: it waits for a training step."""
+
+    def on_aborted(self, entry: int) -> None:
+        """The core gave the entry up (failed reward, no-signal group, dropped as stale)."""
+
+    def take_aborted(self) -> list[int]:
+        """Entries this admission gave up on its own since the last call."""
+        return []
+
+    # ---------------------------------------------------------------- training
+
+    def ready(self, version: int) -> bool:
+        raise NotImplementedError
+
+    def consume(self, version: int) -> list[int]:
+        raise NotImplementedError
+
+    def describe(self, version: int) -> str:
+        """What batch `version` waits for, for a timeout's message."""
+        return ""
+
+    # ---------------------------------------------------------------- weights
+
+    def on_published(self, version: int) -> None: ...
+
+    def on_synced(self, instance: int, version: int) -> None: ...
+
+    def syncs(self, dirty: list[int]) -> list[int]:
+        """Instances that should pull the newest weights now (`dirty`: those whose state
+        changed since the last call)."""
+        return []
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+class CollectiveUpdate:
+    """Loads weights on every live instance at once and tells when all of them hold them."""
+
+    def __init__(self):
+        self.target: int | None = None  # version being loaded; None when no update runs
+
+    def begin(self, version: int) -> None:
+        self.target = version
+
+    def syncs(self, core: Core) -> list[int]:
+        """Live instances still below the target and not pulling: asked (again) to pull. An
+        instance whose pull began before the target was published ends below it."""
+        if self.target is None:
+            return []
+        cluster = core.cluster
+        # Vectorised: asked at every step of an update, and every instance syncs during one.
+        below = (cluster.version < self.target) & ~cluster.syncing
+        if core.dead:
+            below[list(core.dead)] = False
+        return np.flatnonzero(below).tolist()
+
+    def finish(self, core: Core) -> int | None:
+        """The version loaded, once every live instance holds it (the update is then over)."""
+        target, cluster = self.target, core.cluster
+        if target is None:
+            return None
+        held = (cluster.version >= target) & ~cluster.syncing
+        if core.dead:
+            held[list(core.dead)] = True
+        if not held.all():
+            return None
+        self.target = None
+        return target

@@ -1,0 +1,29 @@
+"""Many processes and hosts: the Ray driver, the weight transports, the trainer group.
+
+    rollouts.py         RayRollouts: the run's rollouts with every instance a Ray actor
+    remote_instance.py  the driver's stand-in for one actor (what the threaded driver drives)
+    actor.py            the actor: its own JAX runtime, an Engine and a RolloutInstance
+    transport.py        one weight transport interface: device_put, Ray's object store,
+                        jax.experimental.transfer; every pull named by version and id
+    cluster.py          joining or starting a Ray cluster (loopback-only on one machine)
+    trainer_group.py    jax.distributed for a trainer spread over processes and hosts
+
+Import-light on purpose: the config check reads the names below without loading Ray or JAX.
+"""
+
+from asyncrl.registry import Registry
+
+BACKENDS = ("local", "ray")  # config.distributed.backend
+
+# config.distributed.transport -> the backends it serves and where it lives (loaded on use).
+TRANSPORTS = Registry("weight transport")
+TRANSPORTS.add("device_put", {"backends": ("local",), "class": "DevicePutTransport"})
+TRANSPORTS.add("object_store", {"backends": ("ray",), "class": "ObjectStoreTransport"})
+TRANSPORTS.add("jax_transfer", {"backends": ("ray",), "class": "JaxTransferTransport"})
+AUTO_TRANSPORT = {"local": "device_put", "ray": "object_store"}
+
+
+def transport_name(distributed) -> str:
+    """The transport a config's `distributed` section asks for, 'auto' resolved."""
+    name = distributed.transport
+    return AUTO_TRANSPORT[distributed.backend] if name == "auto" else name

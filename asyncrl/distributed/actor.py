@@ -1,0 +1,202 @@
+"""A rollout instance in a Ray actor: its own process, JAX runtime, Engine and RolloutInstance.
+
+The RolloutInstance is today's, unchanged; what differs is what it is handed. Its sink and
+reporter are one `Outbox`: every token report and every event, in the order they happened,
+waits there until the driver's next `poll` takes them all. Its `pull` asks the driver for
+weights through the same outbox ("want"), waits for the driver's offer (a `WeightHandle`),
+and pulls under the watchdog.
+
+Commands from the driver (`command(seq, name, args)`) may run on any of the actor's threads,
+so they carry a sequence number and are applied strictly in its order: a submit is never
+overtaken by the drop that follows it. `poll` returns the highest number applied, so the
+driver knows which of its commands the snapshot already shows.
+
+The sink cannot ask the TrajectoryServer whether a trajectory may start (the server is in the
+driver), so it says yes and reports the start; the driver applies starts and reports to the
+server in order and drops here what the server refused.
+
+The process's environment (its device count, the platform, this asyncrl on the path) is set
+by the driver before the process starts (`cluster.actor_environment`), so JAX loads as usual.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from asyncrl.distributed.transport import make_receiver, pull_watched
+from asyncrl.model import ShardingRules, abstract_params, shardings_for
+from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.instance import RolloutInstance
+from asyncrl.rollout.messages import InstanceFailed
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class InstanceSpec:
+    """What an actor builds its engine from (plain data: it crosses to the actor)."""
+
+    model_config: Any  # asyncrl.model.ModelConfig
+    num_slots: int
+    max_len: int
+    prompt_bucket: int
+    sampling: Any  # asyncrl.rollout.sampling.SamplingParams
+    seed: int
+    partial_rollout: bool
+    devices: int  # devices of the instance's mesh, the first of this process's
+    transport: str
+    transfer_host: str
+    pull_timeout_s: float
+
+
+class Outbox:
+    """The instance's sink and reporter: each call becomes one item, in order."""
+
+    def __init__(self):
+        self._items: list[tuple] = []
+        self._ready = threading.Condition()
+
+    def put(self, item: tuple) -> None:
+        with self._ready:
+            self._items.append(item)
+            self._ready.notify_all()
+
+    def take(self, wait_s: float) -> list[tuple]:
+        """Everything waiting, once something is (or after wait_s, maybe nothing)."""
+        with self._ready:
+            if not self._items:
+                self._ready.wait(wait_s)
+            items, self._items = self._items, []
+            return items
+
+    # the sink (asyncrl.rollout.instance.TrajectorySink)
+    def try_start(self, trajectory_id, at_step):
+        self.put(("start", trajectory_id, at_step))
+        return True
+
+    def report(self, trajectory_id, tokens, logprobs, policy_logprobs, versions, finish_reason):
+        self.put(("report", trajectory_id, list(tokens), list(logprobs), list(policy_logprobs),
+                  list(versions), finish_reason))
+        return True
+
+    # the reporter (asyncrl.rollout.instance.Reporter)
+    def finished(self, instance, trajectory_ids):
+        self.put(("finished", tuple(trajectory_ids)))
+
+    def extracted(self, instance, trajectory_ids):
+        self.put(("extracted", tuple(trajectory_ids)))
+
+    def failed(self, instance, error):
+        self.put(("failed", f"{type(error).__name__}: {error}"))
+
+    def synced(self, instance, version):
+        self.put(("synced", version))
+
+
+class OfferTimeout(TimeoutError):
+    """The driver sent no weights offer in time."""
+
+
+class InstanceActor:
+    """Wrapped with `ray.remote` by the driver (resources and environment are its choice)."""
+
+    def __init__(self, instance_id: int, spec: InstanceSpec):
+        self.id, self.spec, self.name = instance_id, spec, f"rollout instance {instance_id}"
+        devices = jax.devices()[:spec.devices]
+        if len(devices) < spec.devices:
+            raise RuntimeError(f"{self.name}: needs {spec.devices} devices, its process has "
+                               f"{len(jax.devices())}: {jax.devices()}")
+        mesh = Mesh(np.asarray(devices), ("tp",))
+        rules = ShardingRules.replicated()
+        graphdef, self.abstract = abstract_params(spec.model_config)
+        self.shardings = shardings_for(self.abstract, mesh, rules)
+        engine = Engine(graphdef, spec.model_config, num_slots=spec.num_slots,
+                        max_len=spec.max_len, prompt_buckets=(spec.prompt_bucket,),
+                        sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules)
+        receiver_kwargs = {"jax_transfer": {"host": spec.transfer_host},
+                           "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
+        self.receiver = make_receiver(spec.transport, **receiver_kwargs)
+        self.outbox = Outbox()
+        self.instance = RolloutInstance(instance_id, engine, self._pull, self.outbox, self.outbox,
+                                        partial_rollout=spec.partial_rollout)
+        self._lock = threading.Condition()
+        self._applied = 0  # commands are numbered from 1
+        self._waiting: dict[int, tuple[str, Any]] = {}  # arrived ahead of their turn
+        self._offers: dict[int, Any] = {}  # request -> WeightHandle | None
+        self._requests = itertools.count()
+        self.devices = [str(d) for d in devices]
+
+    # ---------------------------------------------------------------- the driver's calls
+
+    def start(self) -> dict[str, Any]:
+        """Pulls the first weights, then starts the instance's thread."""
+        self.instance.start()
+        return {"pid": os.getpid(), "devices": self.devices, "version": self.instance.version}
+
+    def command(self, seq: int, name: str, args: Any) -> None:
+        with self._lock:
+            self._waiting[seq] = (name, args)
+            while self._applied + 1 in self._waiting:
+                name, args = self._waiting.pop(self._applied + 1)
+                self._applied += 1  # a command that fails must not hold back the next
+                try:
+                    self._apply(name, args)
+                except InstanceFailed:
+                    pass  # the instance already reported its failure through the outbox
+                except Exception as error:
+                    log.exception("%s: command %d (%s) failed", self.name, self._applied, name)
+                    self.outbox.failed(self.id, error)
+            self._lock.notify_all()
+
+    def poll(self, wait_s: float) -> tuple[list[tuple], Any, int]:
+        """(what happened since the last poll, the snapshot after it, commands applied)."""
+        items = self.outbox.take(wait_s)
+        with self._lock:
+            applied = self._applied
+        return items, self.instance.snapshot(), applied
+
+    def stop(self) -> None:
+        self.instance.stop()
+        self.receiver.close()
+
+    # ---------------------------------------------------------------- inside
+
+    def _apply(self, name: str, args: Any) -> None:
+        if name == "submit":
+            self.instance.submit(args)
+        elif name == "sync":
+            self.instance.request_sync()
+        elif name == "extract":
+            self.instance.request_extract(args)
+        elif name == "drop":
+            self.instance.request_drop(args)
+        elif name == "offer":
+            request, handle = args
+            self._offers[request] = handle
+        else:
+            raise ValueError(f"{self.name}: unknown command {name!r}")
+
+    def _pull(self, newer_than: int):
+        request = next(self._requests)
+        self.outbox.put(("want", request, newer_than))
+        timeout = self.spec.pull_timeout_s
+        with self._lock:
+            if not self._lock.wait_for(lambda: request in self._offers, timeout):
+                raise OfferTimeout(f"{self.name}: no weights offer for request {request} "
+                                   f"(newer than version {newer_than}) after {timeout:.0f} s")
+            handle = self._offers.pop(request)
+        if handle is None:
+            return None
+        params, seconds = pull_watched(self.receiver, handle, self.shardings, self.abstract,
+                                       timeout, self.name)
+        self.outbox.put(("pulled", handle.version, handle.transfer_id, seconds))
+        return handle.version, params

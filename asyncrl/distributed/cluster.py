@@ -1,0 +1,180 @@
+"""The Ray cluster rollout actors run on: joined, or started here on loopback alone.
+
+One machine (`distributed.ray_address = 'local'`): a head inside this process, its GCS,
+raylet, object manager and workers listening and advertising on 127.0.0.1 only. Passing
+`_node_ip_address='127.0.0.1'` is not enough: Ray resolves a loopback address back to the
+host's external one ("remotely reachable"). Ray's single-node mode,
+RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (read when Ray is imported; meant for laptops), makes it
+use loopback and refuse other nodes, which a one-machine run has none of. After the start,
+every address Ray reports is checked (`reported_addresses`): one that is not loopback stops
+the run.
+
+Token authentication stays on. A local head gets a fresh token, handed to its processes
+through the environment (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN), so ~/.ray/auth_token is
+neither read nor written. Joining a cluster (`'host:port'`, `'auto'`) uses the token the
+launch scripts carried to this node (RAY_AUTH_TOKEN or ~/.ray/auth_token).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import secrets
+import sys
+
+log = logging.getLogger(__name__)
+
+SINGLE_NODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+class ClusterError(RuntimeError):
+    """The Ray cluster could not be started or joined as configured."""
+
+
+def loopback_environment(token: str | None = None) -> dict[str, str]:
+    """The variables a one-machine head (and every process it starts) runs with."""
+    return {SINGLE_NODE: "0", "RAY_AUTH_MODE": "token",
+            "RAY_AUTH_TOKEN": token or secrets.token_hex(32),
+            "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+class Cluster:
+    """A connection to Ray; `close` shuts down only what this object started or joined."""
+
+    def __init__(self, owned: bool):
+        self.owned = owned
+
+    def close(self) -> None:
+        import ray
+
+        if self.owned and ray.is_initialized():
+            ray.shutdown()
+
+
+def start_local(num_cpus: int = 0, object_store_mb: int = 1024) -> Cluster:
+    """A loopback-only head in this process (see the module docstring)."""
+    # Before Ray is imported: it reads these then. A token the caller chose (a test,
+    # launch/one_machine.sh) wins over a fresh one.
+    os.environ.update(loopback_environment(os.environ.get("RAY_AUTH_TOKEN")))
+    imported_before = "ray" in sys.modules
+    import ray
+
+    if ray.is_initialized():
+        raise ClusterError("a Ray cluster is already connected in this process")
+    if imported_before:  # read them again, as Ray's own token set-up does
+        from ray._raylet import AuthenticationTokenLoader, Config
+
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+        ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
+    kwargs = {"num_cpus": num_cpus} if num_cpus else {}
+    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+             object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
+             **kwargs)
+    outside = [a for a in reported_addresses() if not is_loopback(a)]
+    if outside:
+        ray.shutdown()
+        raise ClusterError(f"the one-machine Ray head advertises {', '.join(outside)}, not "
+                           "127.0.0.1 alone; refusing to run on a reachable address")
+    return Cluster(owned=True)
+
+
+def join(address: str) -> Cluster:
+    """A cluster started beforehand (`ray start`, launch/): 'auto' or its 'host:port'."""
+    import ray
+
+    if ray.is_initialized():
+        return Cluster(owned=False)
+    try:
+        ray.init(address=address, configure_logging=False)
+    except (ConnectionError, RuntimeError) as error:
+        raise ClusterError(f"could not join the Ray cluster at {address!r} "
+                           f"(distributed.ray_address): {error}") from error
+    return Cluster(owned=True)
+
+
+def connect(distributed) -> Cluster:
+    """The cluster a config's `distributed` section names; one this process already joined
+    (a test's cluster, say) is used as it is, and left running."""
+    import ray
+
+    if ray.is_initialized():
+        return Cluster(owned=False)
+    if distributed.ray_address == "local":
+        return start_local(distributed.ray_num_cpus, distributed.ray_object_store_mb)
+    return join(distributed.ray_address)
+
+
+def reported_addresses() -> list[str]:
+    """Every address Ray reports for this cluster: each node's and the GCS's host."""
+    import ray
+
+    nodes = [node["NodeManagerAddress"] for node in ray.nodes()]
+    return nodes + [ray.get_runtime_context().gcs_address.rsplit(":", 1)[0]]
+
+
+def is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address.strip("[]")).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def package_root() -> str:
+    """The directory holding this asyncrl: actors import the same code as the driver, not
+    another checkout the environment may point at."""
+    import asyncrl
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(asyncrl.__file__)))
+
+
+def actor_environment(devices: int, platform: str) -> dict[str, str]:
+    """Variables of an instance actor's process, set before it imports JAX: its own device
+    count on a CPU, the platform asked for, and this asyncrl on the path."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env = {"XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
+           "PYTHONPATH": os.pathsep.join(p for p in [package_root(), os.environ.get("PYTHONPATH", "")] if p),
+           "PYTHONUNBUFFERED": "1"}
+    if platform:
+        env["JAX_PLATFORMS"] = platform
+    return env
+
+
+# ---------------------------------------------------------------------------- TPU VM slices
+
+TPU_METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
+                "worker-network-endpoints")
+
+
+def parse_worker_endpoints(text: str) -> list[str]:
+    """A TPU VM slice's `worker-network-endpoints` metadata, worker 0 first: hostnames, or
+    (the older format) name:id:ip triples, whose ip is taken (as JAX's own TPU detection does)."""
+    addresses = []
+    for worker in filter(None, text.strip().split(",")):
+        parts = worker.split(":")
+        if len(parts) not in (1, 3):
+            raise ClusterError(f"unsupported worker-network-endpoints entry {worker!r}")
+        addresses.append(parts[-1])
+    return addresses
+
+
+def tpu_worker_addresses(timeout_s: float = 10.0) -> list[str]:
+    """This slice's workers, from the TPU VM's metadata server (worker 0 first)."""
+    import urllib.request
+
+    request = urllib.request.Request(TPU_METADATA, headers={"Metadata-Flavor": "Google"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return parse_worker_endpoints(response.read().decode())
+
+
+if __name__ == "__main__":
+    # launch/tpu_vms.sh: each worker finds the Ray head (worker 0) itself.
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Cluster addresses for the launch scripts.")
+    parser.add_argument("--tpu-worker-0", action="store_true",
+                        help="print the address of this TPU VM slice's worker 0")
+    if parser.parse_args().tpu_worker_0:
+        print(tpu_worker_addresses()[0])

@@ -1,0 +1,134 @@
+"""RayRollouts: the run's rollouts with every instance a Ray actor (distributed.backend='ray').
+
+Only the instances leave this process. The coordinator core, the TrajectoryServer, the reward
+pool, the data cursor, the threaded driver, checkpoints and the protocol accounting are
+LocalRollouts' own, inherited as they are, so a resume or an accounting check means the same
+in both backends. Each instance is an actor (`asyncrl.distributed.actor`) behind a
+`RemoteInstance`, and weights go through the configured transport (`WeightPublisher` takes the
+ParameterServer's place).
+
+    trainer ──publish v──► WeightPublisher (object store | jax transfer) ◄──pull── actor i
+       ▲                        ▲ offer                                    │ items, snapshot
+       │ wait_batch             │                                          ▼
+    ThreadedDriver ◄── Core ◄── events ◄── RemoteInstance i (poll thread) ──► TrajectoryServer
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+
+import jax
+import numpy as np
+from jax.sharding import Mesh
+
+from asyncrl.distributed import transport_name
+from asyncrl.distributed.actor import InstanceActor, InstanceSpec
+from asyncrl.distributed.cluster import actor_environment, connect
+from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
+from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
+from asyncrl.drivers.local import LocalRollouts
+from asyncrl.model import ShardingRules, shardings_for
+from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.train.trainer import trainer_mesh
+
+log = logging.getLogger(__name__)
+
+
+class WeightPublisher:
+    """The driver's side of the transport, in the ParameterServer's place: `push` after each
+    train step (ThreadedDriver.publish calls it), `offer` when an actor asks for weights."""
+
+    def __init__(self, sender: Sender, max_latency_records: int = 1024):
+        self.sender = sender
+        self.push_seconds: collections.deque[float] = collections.deque(maxlen=max_latency_records)
+        self.pull_seconds: collections.deque[float] = collections.deque(maxlen=max_latency_records)
+
+    @property
+    def latest_version(self) -> int:
+        return self.sender.version
+
+    def push(self, version: int, params) -> None:
+        start = time.perf_counter()
+        self.sender.stage(version, params)
+        self.push_seconds.append(time.perf_counter() - start)
+
+    def offer(self, instance: int, newer_than: int) -> WeightHandle | None:
+        """The newest weights under a fresh transfer id, or None if none is newer."""
+        if self.sender.version <= newer_than:
+            return None
+        return self.sender.offer(receiver=f"instance{instance}")
+
+    def close(self) -> None:
+        self.sender.close()
+
+
+class RayRollouts(LocalRollouts):
+    @staticmethod
+    def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
+        """This process's meshes: the trainer's, and one of an instance's size after it
+        (evaluation runs there, and jax_transfer lays weights out on it). The instances'
+        own meshes are in their actors."""
+        devices = jax.devices() if devices is None else devices
+        t, d = mesh_cfg.trainer_devices, mesh_cfg.devices_per_instance
+        # Too few devices for both: evaluation shares the trainer's, between two steps.
+        local = devices[t:t + d] if len(devices) >= t + d else devices[:d]
+        return trainer_mesh(devices[:t]), [Mesh(np.asarray(local), ("tp",))]
+
+    def __init__(self, c, policy, meshes, data):
+        self.cluster = connect(c.distributed)
+        try:
+            # No meshes: LocalRollouts builds the core, servers, rewards and driver, no instance.
+            super().__init__(c, policy, [], data)
+            self._add_remote_instances(c, policy, meshes[0])
+        except BaseException:
+            if hasattr(self, "rewards"):  # built by LocalRollouts before the failure
+                self.rewards.close()
+            self.cluster.close()
+            raise
+
+    def _add_remote_instances(self, c, policy, layout_mesh: Mesh) -> None:
+        import ray
+
+        d, name = c.distributed, transport_name(c.distributed)
+        layout, kwargs = None, {}
+        if name == "jax_transfer":
+            layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
+            kwargs = {"host": d.transfer_host}
+        self.parameters = self.driver.parameters = WeightPublisher(make_sender(name, layout, **kwargs))
+        spec = InstanceSpec(
+            model_config=policy.config, num_slots=c.rollout.num_slots, max_len=self.max_len,
+            prompt_bucket=c.rollout.prompt_bucket, sampling=SamplingParams.of_rollout(c.rollout),
+            seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
+            devices=c.mesh.devices_per_instance, transport=name, transfer_host=d.transfer_host,
+            pull_timeout_s=d.pull_timeout_s)
+        timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
+                            d.stop_timeout_s)
+        actor_class = ray.remote(InstanceActor).options(
+            num_cpus=d.instance_cpus, num_gpus=d.instance_gpus,
+            resources={d.instance_resource: 1} if d.instance_resource else None,
+            # poll, command and start run at once: start waits for an offer a command brings.
+            max_concurrency=4,
+            # A restarted process would hold none of the work the core thinks it has: a
+            # failure is final for the run, and a resume starts fresh actors that pull again.
+            max_restarts=0,
+            runtime_env={"env_vars": actor_environment(c.mesh.devices_per_instance,
+                                                       d.instance_platform)})
+        for i in range(c.mesh.rollout_instances):
+            # Created now, started later: their processes import JAX while this one builds.
+            actor = actor_class.remote(i, spec)
+            self.driver.instances.append(RemoteInstance(
+                i, actor, self.server, self.driver.reporter, self.parameters, timeouts,
+                c.rollout.num_slots))
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            self.parameters.close()
+            self.cluster.close()
+
+    def pids(self) -> list[int | None]:
+        """Each instance actor's process id, once started (tests kill one)."""
+        return [i.info.get("pid") for i in self.instances]

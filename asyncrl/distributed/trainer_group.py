@@ -1,0 +1,150 @@
+"""The trainer as one jax.distributed job over processes or hosts.
+
+    group = initialize(c.distributed)      # flags, else JAX_* environment; 1 process: no-op
+    mesh = trainer_mesh(jax.devices())     # every process's devices form one FSDP mesh
+    batch = share(batch)                   # process 0's host batch, on every process
+    host_params = gather(state.params)     # full host copies (to publish weights from one)
+
+Settings come from `config.distributed` (coordinator_address, num_processes, process_id) or,
+where those are unset, from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; on a
+TPU slice JAX finds them itself (`auto`).
+
+Loopback: JAX's coordinator service binds every address of the host ([::]) unless told
+otherwise; a coordinator address on 127.0.0.1 binds 127.0.0.1 alone. On CPU the processes'
+collectives go through gloo, chosen before the backend starts.
+
+Failure: one process that dies ends the whole job (JAX's heartbeat, `heartbeat_timeout_s`):
+the trainer group is restarted together, from the last checkpoint.
+
+    python -m asyncrl.distributed.trainer_group --steps=3    # the group check (every process)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+
+from asyncrl.distributed.cluster import is_loopback
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSettings:
+    coordinator_address: str  # '' when there is no group; 'auto': JAX detects (TPU)
+    num_processes: int
+    process_id: int
+
+
+class GroupError(ValueError):
+    """Trainer-group settings that cannot form a group; the message names the setting."""
+
+
+def settings(distributed, environ=os.environ) -> GroupSettings:
+    """The group a config's `distributed` section (else the environment) describes."""
+    address = distributed.coordinator_address or environ.get("JAX_COORDINATOR_ADDRESS", "")
+    n = distributed.num_processes or int(environ.get("JAX_NUM_PROCESSES", "1"))
+    pid = distributed.process_id if distributed.process_id >= 0 else \
+        int(environ.get("JAX_PROCESS_ID", "0" if n == 1 else "-1"))
+    if n > 1 and address != "auto":
+        if ":" not in address:
+            raise GroupError(f"a trainer group of {n} processes needs its coordinator's "
+                             f"'host:port' (distributed.coordinator_address or "
+                             f"JAX_COORDINATOR_ADDRESS), got {address!r}")
+        if not 0 <= pid < n:
+            raise GroupError(f"process id {pid} is not in [0, {n}) (distributed.process_id "
+                             f"or JAX_PROCESS_ID)")
+    return GroupSettings(address, n, pid)
+
+
+def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSettings:
+    """Joins this process to its trainer group, before JAX's backend starts."""
+    import jax
+
+    group = settings(distributed, environ)
+    if group.num_processes <= 1 and group.coordinator_address != "auto":
+        return group
+    if group.coordinator_address == "auto":
+        jax.distributed.initialize(initialization_timeout=timeout_s)
+        return GroupSettings("auto", jax.process_count(), jax.process_index())
+    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    host, port = group.coordinator_address.rsplit(":", 1)
+    bind = group.coordinator_address if is_loopback(host) else None
+    jax.distributed.initialize(group.coordinator_address, group.num_processes, group.process_id,
+                               coordinator_bind_address=bind, initialization_timeout=timeout_s)
+    return group
+
+
+def share(tree):
+    """Process 0's host arrays, on every process (the batch every process must step)."""
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.broadcast_one_to_all(tree)
+
+
+def gather(tree):
+    """Every process's shards joined into full host arrays, on every process."""
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+# ---------------------------------------------------------------------------- the group check
+
+
+def synthetic_batch(step: int, model_config, rows: int = 8, length: int = 16, group_size: int = 4):
+    """A deterministic training batch (same step, same arrays, on every process)."""
+    import numpy as np
+
+    from asyncrl.train.trainer import TrainBatch
+
+    rng = np.random.default_rng(step)
+    tokens = rng.integers(3, model_config.vocab_size, (rows, length)).astype(np.int32)
+    positions = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length)).copy()
+    lengths = rng.integers(8, length + 1, rows)
+    mask = ((np.arange(length) >= 6) & (np.arange(length) < lengths[:, None])).astype(np.float32)
+    v_traj = np.full(rows, step, np.int32)
+    return TrainBatch(tokens=tokens, positions=positions, loss_mask=mask,
+                      behaviour_logp=-rng.uniform(4.5, 6.5, (rows, length)).astype(np.float32),
+                      token_versions=np.full((rows, length), step, np.int32),
+                      rewards=rng.integers(0, 2, rows).astype(np.float32), v_traj=v_traj,
+                      buffer_version=np.int32(step), group_size=group_size)
+
+
+def check(steps: int, distributed) -> dict:
+    """Forms the group, trains `steps` synthetic batches on one mesh over every process's
+    devices (process 0's batch shared to all), and returns the losses."""
+    group = initialize(distributed)
+    import jax
+
+    from asyncrl.model import ModelConfig
+    from asyncrl.train.losses import LossConfig
+    from asyncrl.train.trainer import TrainConfig, Trainer, trainer_mesh
+
+    model = ModelConfig.tiny()
+    # Two micro-batches: the gradient accumulation's sums cross processes too.
+    config = TrainConfig(loss=LossConfig(), learning_rate=3e-3, num_microbatches=2)
+    trainer = Trainer.create(config, model, trainer_mesh(jax.devices()), group_size=4)
+    state, losses = trainer.init_state(), []
+    for step in range(steps):
+        batch = share(synthetic_batch(step, model))
+        state, metrics = trainer.step(state, trainer.put_batch(batch))
+        losses.append(float(metrics["loss"]))
+    return {"process": group.process_id, "processes": jax.process_count(),
+            "devices": jax.device_count(), "losses": losses}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Trains a few synthetic steps as one "
+                                     "jax.distributed trainer group and prints the losses.")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--coordinator_address", default="")
+    parser.add_argument("--num_processes", type=int, default=0)
+    parser.add_argument("--process_id", type=int, default=-1)
+    args = parser.parse_args()
+    print(json.dumps(check(args.steps, args)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# One TPU slice without Ray: every worker runs the same command, and JAX joins them into one
+# job (jax.distributed, its settings read from the TPU VM's metadata). Untested here (no TPU
+# in CI); the dry run is what the tests check. The slice is created and set up by
+# launch/tpu_vms.sh (create, setup).
+#
+#   launch/tpu_slice.sh check --name=asyncrl --zone=us-central2-b     # the trainer group check
+#   launch/tpu_slice.sh run --name=asyncrl --zone=us-central2-b --hosts=1 --workdir=runs/tpu
+#   launch/tpu_slice.sh --dry-run check|run ...                        # print, run nothing
+#
+# check: every host trains 3 synthetic steps as one trainer group (one FSDP mesh over the
+#   slice's chips) and prints the losses; process 0's match a one-process run's.
+# run: the post-training job, on a one-host slice (v4-8, v5litepod-8, ...): the trainer and the
+#   rollout instances on that host's chips. On more hosts the job's loop does not yet drive a
+#   trainer group (asyncrl.distributed.trainer_group holds its parts): use launch/tpu_vms.sh.
+# Extra flags after `--` go to asyncrl.main (run) or the group check (check).
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+phase="" name=asyncrl zone="" project="" hosts=1 chips=4 instances=2 config=experiments/grpo.py
+workdir=runs/tpu
+extra=()
+while (( $# )); do
+  case $1 in
+    check|run) phase=$1 ;;
+    --name=*) name=${1#*=} ;;
+    --zone=*) zone=${1#*=} ;;
+    --project=*) project=${1#*=} ;;
+    --hosts=*) hosts=${1#*=} ;;
+    --chips=*) chips=${1#*=} ;;
+    --instances=*) instances=${1#*=} ;;
+    --config=*) config=${1#*=} ;;
+    --workdir=*) workdir=${1#*=} ;;
+    --dry-run) DRY_RUN=1 ;;
+    --) shift; extra=("$@"); break ;;
+    *) die "unknown argument $1 (see the comments at the top of $0)" ;;
+  esac
+  shift
+done
+[[ -n $phase ]] || die "name a phase: check or run"
+[[ -n $zone ]] || die "--zone=ZONE is required"
+where=("--zone=$zone")
+[[ -n $project ]] && where+=("--project=$project")
+venv="cd asyncrl && . .venv/bin/activate"
+
+everywhere() {  # the same command on every worker of the slice
+  step gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=all "--command=$1"
+}
+
+case $phase in
+  check)
+    everywhere "$venv && python -m asyncrl.distributed.trainer_group --steps=3 --coordinator_address=auto $(shell_line "${extra[@]}")"
+    ;;
+  run)
+    (( hosts == 1 )) || die "--hosts=$hosts: the job's loop drives a trainer on one host; on a multi-host slice run launch/tpu_slice.sh check, and the job with launch/tpu_vms.sh"
+    trainer=$(( chips - instances ))
+    (( trainer >= 1 )) || die "--chips=$chips leaves no chip to the trainer beside $instances instances"
+    everywhere "$venv && python -m asyncrl.main --config=$config --workdir=$workdir --config.mesh.trainer_devices=$trainer --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=1 $(shell_line "${extra[@]}")"
+    ;;
+esac
