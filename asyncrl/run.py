@@ -93,7 +93,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     evals: dict[str, float] = {}  # the latest finished evaluation's figures, until logged
     rollout_tokens = 0
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, resume_step=step)
     progress.start(step)
     rollouts.start(state.params, step)
 
