@@ -75,6 +75,9 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
         rollouts.restore(resume)
+    # Wall time counts over the processes of one run: a resumed one starts where its
+    # checkpoint was saved (the time a killed process spent after that is redone, not counted).
+    earlier_wall_s = resume.run_wall_s if resume is not None else 0.0
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
@@ -99,13 +102,19 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
     published_at: dict[int, float] = {}  # version -> the run's wall seconds when it existed
 
+    def run_wall_s() -> float:
+        return earlier_wall_s + chrono.wall_s()
+
+    def save_checkpoint() -> None:
+        ckpt.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=run_wall_s()))
+
     def collect_evaluations(finished) -> None:
         for version, result in finished:
             progress.note(f"version {version}: {describe(result)}")
             evals.update(result.as_dict("eval"), eval_version=version)
             results.setdefault("evals", []).append(
                 {"step": version, "trained_s": published_at.pop(version),
-                 "wall_s": chrono.wall_s(), **dataclasses.asdict(result)})
+                 "wall_s": run_wall_s(), **dataclasses.asdict(result)})
 
     def log_step(done: tuple[int, dict[str, float]] | None) -> None:
         nonlocal rollout_tokens
@@ -118,7 +127,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
                    **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
                    **rollouts.figures(), **chrono.figures(), "eval_s": evaluate.seconds,
-                   "evals_skipped": background.skipped, **evals}
+                   "evals_skipped": background.skipped, **evals, "wall_s": run_wall_s()}
         evals.clear()
         writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
                      {k: figures[k] for k in ("entries", "batch_digest")})
@@ -141,7 +150,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             batch_figures[step] = describe_batch(batch, train_batch)
             rollouts.publish(step, state.params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                published_at[step] = results.get("wall_s", 0.0) + chrono.wall_s()
+                published_at[step] = run_wall_s()
                 background.submit(step, state.params)
             log_step(late.push(step, metrics))
             finishing = stop.is_set() or step == c.train.steps
@@ -150,14 +159,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 if finishing:  # training is over: wait, so every evaluation gets a metrics row
                     collect_evaluations(background.close())
                 log_step(late.flush())  # a NaN step must not become a checkpoint
-                ckpt.save(state, rollouts.resume_data())
+                save_checkpoint()
             if stop.is_set():
                 log.warning("train: stopped at step %d on request; checkpoint saved", step)
                 break
         collect_evaluations(background.close())
         log_step(late.flush())
         if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
-            ckpt.save(state, rollouts.resume_data())
+            save_checkpoint()
     finally:
         chrono.phase(None)
         rollouts.stop()
@@ -177,7 +186,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     results["after"] = dataclasses.asdict(after)
     results["steps"] = step
     results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
-    results["wall_s"] = results.get("wall_s", 0.0) + chrono.wall_s()
+    results["wall_s"] = run_wall_s()
     results_path.write_text(json.dumps(results, indent=2))
     print(f"{data.eval_label} accuracy: {results['before']['accuracy']:.3f} -> "
           f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "

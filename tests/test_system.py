@@ -141,6 +141,9 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     assert "resumed from" in second.stderr
     rows = read_metrics(metrics)
     assert [r["step"] for r in rows] == list(range(1, 17))
+    walls = [r["wall_s"] for r in rows]
+    assert walls == sorted(walls), "the resumed run's clock restarted instead of going on"
+    assert json.loads((tmp_path / "results.json").read_text())["wall_s"] > walls[stopped_at - 1]
     assert_every_entry_accounted_once(
         rows, json.loads((tmp_path / "results.json").read_text())["protocol"])
 
