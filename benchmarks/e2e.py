@@ -5,7 +5,7 @@
     python benchmarks/e2e.py --variant=default    # SmolLM2-135M (long: ~20 min a schedule)
     python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
     python benchmarks/e2e.py --variant=longtail --frozen   # systems only: the policy stays put
-    python benchmarks/e2e.py --compare-placement --variant=default --steps=6
+    python benchmarks/e2e.py --compare-placement --variant=default --steps=6 --heldout_size=20
     python benchmarks/e2e.py --backend=ray --schedules=staleflow   # Ray actors against threads
 
 Learning changes the response lengths, and how they change differs run to run, so tokens/s
@@ -99,7 +99,8 @@ def summarize(run_dir: pathlib.Path) -> dict:
     }
 
 
-def run_placement(name: str, variant: str, steps: int, workdir: pathlib.Path) -> dict:
+def run_placement(name: str, variant: str, steps: int, workdir: pathlib.Path,
+                  heldout_size: int | None = None) -> dict:
     """One placement of experiments/grpo.py in its own process, with its own device count."""
     from experiments.grpo import get_config
     from asyncrl.placement import devices_needed
@@ -115,6 +116,8 @@ def run_placement(name: str, variant: str, steps: int, workdir: pathlib.Path) ->
                "--config=experiments/grpo.py" + (":tiny" if variant == "tiny" else ""),
                f"--config.mesh.colocate={colocate}", f"--config.train.steps={steps}",
                f"--workdir={workdir / name}"]
+    if heldout_size:  # evaluation is outside the measured loop: a smaller one only saves time
+        command.append(f"--config.eval.heldout_size={heldout_size}")
     print(f"{name}: XLA_FLAGS={env['XLA_FLAGS']} {' '.join(command[1:])}", flush=True)
     start = time.monotonic()
     subprocess.run(command, cwd=ROOT, env=env, check=True)
@@ -134,7 +137,8 @@ def compare_placement(args) -> None:
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="placement-"))
     names = ("disjoint", "colocated")
     measured = {name: summarize_placement(workdir / name) if args.reuse else
-                run_placement(name, args.variant, args.steps, workdir) for name in names}
+                run_placement(name, args.variant, args.steps, workdir, args.heldout_size)
+                for name in names}
     keys = ("tokens_per_s", "seconds", "loop_s", "trainer_busy_frac", "instance_idle_frac",
             "trainer_step_s_mean", "decode_step_s_mean", "push_s_mean", "pull_s_mean",
             "final_accuracy", "max_staleness")
@@ -164,6 +168,8 @@ def main():
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="summarise the runs already in --workdir instead of running them")
+    parser.add_argument("--heldout_size", type=int, default=None,
+                        help="--compare-placement: problems evaluated before and after each run")
     parser.add_argument("--compare-placement", action="store_true",
                         help="experiments/grpo.py disjoint (3 devices) and colocated (1 device)")
     args = parser.parse_args()
