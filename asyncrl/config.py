@@ -25,6 +25,7 @@ from asyncrl.data.sources import DATASETS
 from asyncrl.distributed import BACKENDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
+from asyncrl.placement import devices_needed
 from asyncrl.rewards.registry import REWARDS
 
 
@@ -92,7 +93,8 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
     if not config.coordinator.migration_interval_s >= 0:
         _fail("coordinator.migration_interval_s", config.coordinator.migration_interval_s,
               "expected seconds ≥ 0 (0: at every coordinator step)")
-    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed"):
+    for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed",
+                  "mesh.colocate"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
     for name, params in config.coordinator.admission_params.items():
@@ -148,13 +150,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               f"responses = {sequences} sequences must split evenly into micro-batches × "
               f"mesh.trainer_devices ({config.mesh.trainer_devices})")
     _validate_distributed(config)
-    needed = config.mesh.trainer_devices + config.mesh.rollout_instances * config.mesh.devices_per_instance
-    if config.distributed.backend == "ray":  # each instance actor brings its own devices
-        needed = config.mesh.trainer_devices
-    if needed > device_count:
-        _fail("mesh", f"{config.mesh.trainer_devices} + {config.mesh.rollout_instances} × "
-              f"{config.mesh.devices_per_instance}", f"needs {needed} devices, this host has "
-              f"{device_count} (on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count)")
+    _check_devices(config, device_count)
     checkpoint = config.model.checkpoint
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
@@ -165,6 +161,32 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               f"{routing} routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
+
+
+def _check_devices(config, device_count: int) -> None:
+    mesh = config.mesh
+    if config.distributed.backend == "ray":  # each instance actor brings its own devices
+        if mesh.colocate:
+            _fail("mesh.colocate", True, "False with distributed.backend='ray': each instance "
+                  "actor owns its devices (colocate with the local backend)")
+        if mesh.trainer_devices > device_count:
+            _fail("mesh.trainer_devices", mesh.trainer_devices,
+                  f"at most this host's {device_count} devices (the instances are Ray actors)")
+        return
+    t, k, d = mesh.trainer_devices, mesh.rollout_instances, mesh.devices_per_instance
+    if mesh.colocate and d > t:
+        _fail("mesh.devices_per_instance", d, f"colocated, each instance runs on devices of the "
+              f"trainer's mesh: at most mesh.trainer_devices ({t})")
+    needed = devices_needed(mesh)
+    if needed <= device_count:
+        return
+    cpu_hint = "on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count"
+    if mesh.colocate:
+        _fail("mesh", f"colocated on {t} trainer devices", f"needs {needed} devices, this host "
+              f"has {device_count} (lower mesh.trainer_devices; {cpu_hint})")
+    _fail("mesh", f"{t} + {k} × {d}", f"needs {needed} devices, this host has {device_count} "
+          f"({cpu_hint}; or share devices: --config.mesh.colocate=True runs the trainer and all "
+          f"{k} instances on the first mesh.trainer_devices ({t}) devices)")
 
 
 def _validate_distributed(config) -> None:

@@ -30,10 +30,16 @@ def _plain(value: Any) -> Any:
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl"):
+    def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl",
+                 resume_step: int = 0):
+        """`resume_step`: the step the run restarts from. Rows a killed run logged after its
+        last checkpoint describe steps that will run again: they move to
+        `superseded.<filename>` (kept, not lost), so each step has one row."""
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.path = self.workdir / filename
+        if self.path.exists():
+            self._set_aside_rows_after(resume_step)
         self._jsonl = self.path.open("a", encoding="utf-8")
         self._tensorboard = SummaryWriter(str(self.workdir / "tensorboard"))
 
@@ -54,6 +60,23 @@ class MetricsWriter:
         line.update(records or {})
         self._jsonl.write(json.dumps(_plain(line)) + "\n")
         self._jsonl.flush()
+
+    def _set_aside_rows_after(self, step: int) -> None:
+        kept, later = [], []
+        for line in self.path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                row_step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                row_step = None  # a torn line: the killed run's last write
+            (kept if row_step is not None and row_step <= step else later).append(
+                line if line.endswith("\n") else line + "\n")
+        if not later:
+            return
+        with (self.workdir / f"superseded.{self.path.name}").open("a", encoding="utf-8") as f:
+            f.writelines(later)
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(kept), encoding="utf-8")
+        partial.replace(self.path)  # atomic: a crash here leaves the old file whole
 
     def close(self) -> None:
         self._jsonl.close()

@@ -28,7 +28,7 @@ from asyncrl.drivers.threaded import StopRequested
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
-from asyncrl.placement import place
+from asyncrl.placement import describe_layout, place
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.timing import Chrono
@@ -58,6 +58,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     policy = load_policy(c.model)
     Rollouts, placement = rollouts_for(c)
     trainer_mesh, rollout_meshes = placement(c.mesh)
+    layout = describe_layout(trainer_mesh, rollout_meshes)
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
     rollouts = Rollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
@@ -71,12 +72,16 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     progress = Progress(c.train.steps)
     ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
                                                   initial_params=policy.params)
-    progress.note(f"train: {source}")
+    progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
         rollouts.restore(resume)
+    # Wall time counts over the processes of one run: a resumed one starts where its
+    # checkpoint was saved (the time a killed process spent after that is redone, not counted).
+    earlier_wall_s = resume.run_wall_s if resume is not None else 0.0
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    results["placement"] = layout  # this process's: a resumed run may be placed differently
     if "before" not in results:
         before = evaluate(state.params, step, "before")
         progress.note(f"before: {describe(before)}")
@@ -91,11 +96,17 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     evals: dict[str, float] = {}  # the latest finished evaluation's figures, until logged
     rollout_tokens = 0
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, resume_step=step)
     progress.start(step)
     rollouts.start(state.params, step)
 
     published_at: dict[int, float] = {}  # version -> the run's wall seconds when it existed
+
+    def run_wall_s() -> float:
+        return earlier_wall_s + chrono.wall_s()
+
+    def save_checkpoint() -> None:
+        ckpt.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=run_wall_s()))
 
     def collect_evaluations(finished) -> None:
         for version, result in finished:
@@ -103,7 +114,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             evals.update(result.as_dict("eval"), eval_version=version)
             results.setdefault("evals", []).append(
                 {"step": version, "trained_s": published_at.pop(version),
-                 "wall_s": chrono.wall_s(), **dataclasses.asdict(result)})
+                 "wall_s": run_wall_s(), **dataclasses.asdict(result)})
 
     def log_step(done: tuple[int, dict[str, float]] | None) -> None:
         nonlocal rollout_tokens
@@ -116,7 +127,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
                    **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
                    **rollouts.figures(), **chrono.figures(), "eval_s": evaluate.seconds,
-                   "evals_skipped": background.skipped, **evals}
+                   "evals_skipped": background.skipped, **evals, "wall_s": run_wall_s()}
         evals.clear()
         writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
                      {k: figures[k] for k in ("entries", "batch_digest")})
@@ -139,7 +150,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             batch_figures[step] = describe_batch(batch, train_batch)
             rollouts.publish(step, state.params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                published_at[step] = results.get("wall_s", 0.0) + chrono.wall_s()
+                published_at[step] = run_wall_s()
                 background.submit(step, state.params)
             log_step(late.push(step, metrics))
             finishing = stop.is_set() or step == c.train.steps
@@ -148,14 +159,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 if finishing:  # training is over: wait, so every evaluation gets a metrics row
                     collect_evaluations(background.close())
                 log_step(late.flush())  # a NaN step must not become a checkpoint
-                ckpt.save(state, rollouts.resume_data())
+                save_checkpoint()
             if stop.is_set():
                 log.warning("train: stopped at step %d on request; checkpoint saved", step)
                 break
         collect_evaluations(background.close())
         log_step(late.flush())
         if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
-            ckpt.save(state, rollouts.resume_data())
+            save_checkpoint()
     finally:
         chrono.phase(None)
         rollouts.stop()
@@ -175,7 +186,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     results["after"] = dataclasses.asdict(after)
     results["steps"] = step
     results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
-    results["wall_s"] = results.get("wall_s", 0.0) + chrono.wall_s()
+    results["wall_s"] = run_wall_s()
     results_path.write_text(json.dumps(results, indent=2))
     print(f"{data.eval_label} accuracy: {results['before']['accuracy']:.3f} -> "
           f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "

@@ -5,6 +5,7 @@
     python benchmarks/e2e.py --variant=default    # SmolLM2-135M (long: ~20 min a schedule)
     python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
     python benchmarks/e2e.py --variant=longtail --frozen   # systems only: the policy stays put
+    python benchmarks/e2e.py --compare-placement --variant=default --steps=6 --heldout_size=20
     python benchmarks/e2e.py --backend=ray --schedules=staleflow   # Ray actors against threads
 
 Learning changes the response lengths, and how they change differs run to run, so tokens/s
@@ -18,6 +19,12 @@ from the end of step 1 (so every schedule's compile time is left out). Accuracy 
 held out. The last line is JSON:
 {"tokens_per_s": {...}, "final_accuracy": {...}, "staleflow_vs_sync": …,
  "staleflow_vs_best_baseline": …, "busy": {...}}
+
+`--compare-placement` runs experiments/grpo.py (default or tiny) twice instead, the same
+config and steps: disjoint on trainer + instances CPU devices (3 by default) and colocated
+on one device (`--config.mesh.colocate=True`). The device count is fixed when JAX starts, so
+each is its own `python -m asyncrl.main` process. Last line:
+{"placement": {"disjoint": {...}, "colocated": {...}}, "colocated_vs_disjoint": {...}}
 
 `--backend=ray` runs each schedule twice in the same run, its instances as threads here
 (local) and as Ray actors on a loopback-only head (each run starts its own); the JSON adds
@@ -34,9 +41,12 @@ import argparse  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 import logging  # noqa: E402
+import os  # noqa: E402
 import pathlib  # noqa: E402
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
+import time  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -89,6 +99,63 @@ def summarize(run_dir: pathlib.Path) -> dict:
     }
 
 
+def run_placement(name: str, variant: str, steps: int, workdir: pathlib.Path,
+                  heldout_size: int | None = None) -> dict:
+    """One placement of experiments/grpo.py in its own process, with its own device count."""
+    from experiments.grpo import get_config
+    from asyncrl.placement import devices_needed
+
+    colocate = name == "colocated"
+    mesh = get_config("tiny" if variant == "tiny" else None).mesh
+    mesh.colocate = colocate
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+             if not f.startswith("--xla_force_host_platform_device_count")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": " ".join(
+        [*flags, f"--xla_force_host_platform_device_count={devices_needed(mesh)}"])}
+    command = [sys.executable, "-m", "asyncrl.main",
+               "--config=experiments/grpo.py" + (":tiny" if variant == "tiny" else ""),
+               f"--config.mesh.colocate={colocate}", f"--config.train.steps={steps}",
+               f"--workdir={workdir / name}"]
+    if heldout_size:  # evaluation is outside the measured loop: a smaller one only saves time
+        command.append(f"--config.eval.heldout_size={heldout_size}")
+    print(f"{name}: XLA_FLAGS={env['XLA_FLAGS']} {' '.join(command[1:])}", flush=True)
+    start = time.monotonic()
+    subprocess.run(command, cwd=ROOT, env=env, check=True)
+    return {"devices": devices_needed(mesh), "process_s": time.monotonic() - start,
+            **summarize_placement(workdir / name)}
+
+
+def summarize_placement(run_dir: pathlib.Path) -> dict:
+    last = read_metrics(run_dir / "metrics.jsonl")[-1]
+    results = json.loads((run_dir / "results.json").read_text())
+    return {**summarize(run_dir), "loop_s": results["wall_s"], "layout": results["placement"],
+            **{k: last[k] for k in ("trainer_step_s_mean", "decode_step_s_mean", "push_s_mean",
+                                    "pull_s_mean")}}
+
+
+def compare_placement(args) -> None:
+    workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="placement-"))
+    names = ("disjoint", "colocated")
+    measured = {name: summarize_placement(workdir / name) if args.reuse else
+                run_placement(name, args.variant, args.steps, workdir, args.heldout_size)
+                for name in names}
+    keys = ("tokens_per_s", "seconds", "loop_s", "trainer_busy_frac", "instance_idle_frac",
+            "trainer_step_s_mean", "decode_step_s_mean", "push_s_mean", "pull_s_mean",
+            "final_accuracy", "max_staleness")
+    print(f"\n{'':20s}" + "".join(f"{n:>12s}" for n in names))
+    for key in keys:
+        print(f"{key:20s}" + "".join(f"{measured[n].get(key, float('nan')):12.4g}" for n in names))
+    ratio = lambda key: round(measured["colocated"][key] / measured["disjoint"][key], 3)  # noqa: E731
+    print(json.dumps({
+        "placement": {n: {"devices": m.get("devices"), "layout": m["layout"],
+                          **{k: round(m[k], 4) for k in keys},
+                          **({"process_s": round(m["process_s"], 1)} if "process_s" in m else {})}
+                      for n, m in measured.items()},
+        "colocated_vs_disjoint": {"tokens_per_s": ratio("tokens_per_s"),
+                                  "loop_s": ratio("loop_s")},
+        "variant": args.variant, "steps": args.steps}))
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", choices=("tiny", "longtail", "default"), default="tiny")
@@ -101,8 +168,16 @@ def main():
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--reuse", action="store_true",
                         help="summarise the runs already in --workdir instead of running them")
+    parser.add_argument("--heldout_size", type=int, default=None,
+                        help="--compare-placement: problems evaluated before and after each run")
+    parser.add_argument("--compare-placement", action="store_true",
+                        help="experiments/grpo.py disjoint (3 devices) and colocated (1 device)")
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.WARNING)
+    if args.compare_placement:
+        if args.variant == "longtail" or args.frozen:
+            parser.error("--compare-placement runs experiments/grpo.py: --variant tiny or default")
+        return compare_placement(args)
     names = args.schedules.split(",")
     unknown = [name for name in names if name not in SCHEDULES]
     if unknown:

@@ -61,3 +61,18 @@ def test_learning_benchmark(tmp_path):
     for variant in ("staleflow", "sync", "control"):
         evals = json.loads((tmp_path / f"{variant}_0" / "results.json").read_text())["evals"]
         assert [e["step"] for e in evals] == [2]  # version 4 is the final evaluation
+
+
+def test_device_check_runs_scaled_down_on_the_cpu(tmp_path):
+    # On a CPU: the tiny config colocated on one device, peaks measured rather than looked up.
+    result = _last_json("device_check.py", "--quick", "--steps=2", f"--workdir={tmp_path}")
+    assert result.keys() == {"device", "peaks", "decode", "train", "push", "run", "wall_s"}
+    assert result["device"]["platform"] == "cpu" and result["device"]["scale"] == "tiny"
+    assert result["peaks"]["source"].startswith("measured on this CPU")
+    decode = result["decode"][0]
+    assert decode["tok_s"] > 0 and decode["roofline_tok_s"] > 0 and decode["of_roofline"] > 0
+    assert 0 < result["train"]["mfu"] and result["train"]["tflops"] > 0
+    assert result["push"]["pull_is_reference"] is True and result["push"]["push_vs_copy"] > 0
+    run = result["run"]
+    assert run["steps"] == 2 and 0 <= run["accuracy_after"] <= 1 and run["max_staleness"] <= 2
+    assert run["eval_label"] == "train-set"  # tiny has too few problems to hold any out

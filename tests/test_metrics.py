@@ -31,3 +31,19 @@ def test_steady_throughput_leaves_step_one_out():
             {"wall_s": 34.0, "rollout_tokens": 300}]
     assert steady_tokens_per_s(rows) == 100.0  # (100 + 300) tokens over 4 s; step 1's compile left out
     assert math.isnan(steady_tokens_per_s(rows[:1]))
+
+
+def test_a_resumed_run_sets_aside_the_rows_logged_after_its_checkpoint(tmp_path):
+    """A run killed at step 7 with its checkpoint at 6 logs step 7 again when it resumes:
+    the first step-7 row moves aside (kept), so the file has one row per step."""
+    with MetricsWriter(tmp_path) as writer:
+        for step in range(1, 8):
+            writer.write(step, {"reward": step / 10})
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"step": 8, "rew')  # killed mid-write
+    with MetricsWriter(tmp_path, resume_step=6) as writer:
+        writer.write(7, {"reward": 0.75})
+    assert [(r["step"], r["reward"]) for r in read_metrics(tmp_path / "metrics.jsonl")] == \
+        [(s, s / 10) for s in range(1, 7)] + [(7, 0.75)]
+    superseded = (tmp_path / "superseded.metrics.jsonl").read_text().splitlines()
+    assert superseded == ['{"step": 7, "reward": 0.7}', '{"step": 8, "rew']

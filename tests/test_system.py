@@ -33,6 +33,14 @@ def consumed_entries(rows):
     return [e for r in rows for e in r["entries"]]
 
 
+def assert_every_entry_accounted_once(rows, protocol):
+    """Consumed once, still buffered, or aborted: no entry repeated, none lost."""
+    entries = consumed_entries(rows)
+    assert len(entries) == len(set(entries)), "an entry was consumed twice"
+    accounted = set(entries) | set(protocol["unconsumed"]) | set(protocol["aborted"])
+    assert accounted == set(range(protocol["next_entry_id"])), "an entry was lost"
+
+
 @pytest.fixture(scope="module")
 def async_run(tmp_path_factory):
     # Long-tailed work for 2 instances: migration and mid-trajectory weight swaps must happen.
@@ -133,11 +141,32 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     assert "resumed from" in second.stderr
     rows = read_metrics(metrics)
     assert [r["step"] for r in rows] == list(range(1, 17))
-    entries = consumed_entries(rows)
-    assert len(entries) == len(set(entries)), "an entry was consumed twice"
-    protocol = json.loads((tmp_path / "results.json").read_text())["protocol"]
-    accounted = set(entries) | set(protocol["unconsumed"]) | set(protocol["aborted"])
-    assert accounted == set(range(protocol["next_entry_id"])), "an entry was lost"
+    walls = [r["wall_s"] for r in rows]
+    assert walls == sorted(walls), "the resumed run's clock restarted instead of going on"
+    assert json.loads((tmp_path / "results.json").read_text())["wall_s"] > walls[stopped_at - 1]
+    assert_every_entry_accounted_once(
+        rows, json.loads((tmp_path / "results.json").read_text())["protocol"])
+
+
+def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
+    # The trainer and both instances on one device (what one GPU runs): the protocol cannot
+    # tell, so the bound and the accounting hold as in the disjoint runs above.
+    command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
+               "--config.mesh.colocate=True", "--config.train.steps=4",
+               "--config.eval.heldout_size=8", f"--workdir={tmp_path}"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT),
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    lags = [lag for r in rows for lag in r["staleness"]]
+    assert lags and all(0 <= lag <= 2 for lag in lags)  # the tiny config's η
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["placement"] == "colocated: trainer [0], instance0 [0], instance1 [0]"
+    assert results["steps"] == 4
+    assert len(consumed_entries(rows)) == 4 * 8
+    assert_every_entry_accounted_once(rows, results["protocol"])
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -156,6 +185,28 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
 def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):
         validate(tiny(**changes), device_count=8)
+
+
+def test_too_few_devices_names_mesh_and_how_to_run_colocated():
+    with pytest.raises(ConfigError, match=r"config.mesh = '1 \+ 2 × 1' is not allowed: needs 3 "
+                       r"devices, this host has 1 \(.*--config.mesh.colocate=True runs the "
+                       r"trainer and all 2 instances on the first mesh.trainer_devices \(1\)"):
+        validate(tiny(), device_count=1)
+    validate(tiny(mesh__colocate=True), device_count=1)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"mesh__devices_per_instance": 2}, r"config.mesh.devices_per_instance = 2 is not allowed: "
+     r"colocated, each instance runs on devices of the trainer's mesh: at most "
+     r"mesh.trainer_devices \(1\)"),
+    ({"mesh__trainer_devices": 16}, r"config.mesh = 'colocated on 16 trainer devices' is not "
+     r"allowed: needs 16 devices, this host has 8"),
+    ({"distributed__backend": "ray"}, r"config.mesh.colocate = True is not allowed: False with "
+     r"distributed.backend='ray': each instance actor owns its devices"),
+])
+def test_bad_colocated_mesh_fails_up_front_naming_the_field(changes, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(tiny(mesh__colocate=True, **changes), device_count=8)
 
 
 def test_a_moved_field_names_its_new_place():

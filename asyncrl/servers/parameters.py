@@ -8,6 +8,18 @@ kept, so memory holds at most a couple of copies however far instances lag.
 
 The pushed params are copied on the trainer's devices: the train step donates its state, so
 the trainer's own buffers are overwritten by the next step while instances may still pull.
+
+Colocated (asyncrl/placement.py), an instance's mesh holds the same devices as the trainer's
+and, on one device, the same layout. The push is then a same-device copy, still needed for
+the reason above; the pull moves nothing: `jax.device_put` onto a sharding with the same
+devices and layout (another mesh or axis name over the one device) returns an array over the
+server's own buffer, not a copy (tests/servers/test_parameters.py). That reference is safe
+because nothing ever donates the server's copy (the engine donates only its decode state and
+prefix cache, never params) and nothing deletes it: dropping an old version here only drops
+the server's reference, and an instance still decoding with it keeps the buffer alive until
+it pulls a newer one. So a colocated device holds the trainer's params, the server's newest
+copy and at most one older copy per instance, as the disjoint layout does across devices.
+Pulls onto a different layout (several devices, FSDP to replicated) are real transfers.
 """
 
 from __future__ import annotations

@@ -59,6 +59,7 @@ class ResumeData:
     coordinator: dict[str, Any] | None = None
     trajectories: dict[str, Any] = dataclasses.field(default_factory=dict)
     trajectory_arrays: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    run_wall_s: float = 0.0  # the run's wall seconds at save, over every process before it
 
 
 def _name(path) -> str:
@@ -157,6 +158,7 @@ class Checkpointer:
             "data_state": resume.data_state,
             "coordinator": resume.coordinator,
             "trajectories": resume.trajectories,
+            "run_wall_s": float(resume.run_wall_s),
             "trajectory_arrays": {
                 k: {"shape": list(a.shape), "dtype": a.dtype.str, "sha256": _sha256(a)}
                 for k, a in arrays.items()
@@ -242,7 +244,8 @@ class Checkpointer:
                 )
             arrays[name] = array
         state = jax.tree_util.tree_unflatten(treedef, [flat[k] for k in expected])
-        resume = ResumeData(meta["data_state"], meta["coordinator"], meta["trajectories"], arrays)
+        resume = ResumeData(meta["data_state"], meta["coordinator"], meta["trajectories"], arrays,
+                            meta.get("run_wall_s", 0.0))  # absent in checkpoints before it
         return state, resume
 
 

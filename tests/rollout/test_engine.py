@@ -234,6 +234,22 @@ def test_same_trajectory_id_draws_same_tokens_in_any_slot_or_engine(model, sampl
     assert _run(sampler, params, state)[1][0].tokens != reference.tokens
 
 
+def test_decoding_never_consumes_the_params(model, sampler):
+    # Colocated instances decode with a reference to the parameter server's copy
+    # (asyncrl/servers/parameters.py): an engine that donated params would delete it.
+    params = jax.tree.map(lambda x: x.copy(), model[1])
+    state = sampler.init_decode_state()
+    prefix, _ = sampler.prefill(params, _prompt(np.random.default_rng(5), 9), trajectory_id=7,
+                                version=0)
+    state = sampler.insert(prefix, state, 0)
+    state, _ = _run(sampler, params, state, steps=2)
+    partial = sampler.extract(0)
+    prefix, _ = sampler.resume(params, partial, version=1)
+    state = sampler.insert(prefix, state, 1)
+    _run(sampler, params, state, steps=2)
+    assert not any(x.is_deleted() for x in jax.tree.leaves(params))
+
+
 def test_group_prefill_with_top_k_reports_truncated_logprobs(model, full_logits):
     graphdef, params = model
     sampling = SamplingParams(temperature=0.05, top_k=4)

@@ -93,3 +93,43 @@ def test_concurrent_pulls_and_pushes_always_see_a_whole_version(meshes):
         t.join()
     assert not errors
     assert max(seen) >= 1
+
+
+@pytest.fixture(scope="module")
+def colocated():
+    """The trainer's mesh and two instances' meshes on one device, as placement lays them."""
+    device = np.array(jax.devices()[:1])
+    return Mesh(device, ("fsdp",)), [Mesh(device, ("tp",)), Mesh(device, ("tp",))]
+
+
+def pointer(x):
+    return x.addressable_shards[0].data.unsafe_buffer_pointer()
+
+
+def test_a_colocated_pull_is_a_reference_to_the_servers_copy(colocated):
+    trainer, (mesh_a, mesh_b) = colocated
+    server = ParameterServer()
+    params = params_on(trainer, 3.0)
+    server.push(1, params)
+    _, on_a = server.pull("a", replicated(mesh_a))
+    _, on_b = server.pull("b", replicated(mesh_b))
+    for name in ("w", "b"):
+        # Both instances read the one copy the push made; the trainer's buffer is not it.
+        assert pointer(on_a[name]) == pointer(on_b[name]) != pointer(params[name])
+    np.testing.assert_array_equal(on_a["w"], np.arange(16.0).reshape(4, 4) * 3)
+
+
+def test_a_colocated_reference_outlives_donation_and_newer_versions(colocated):
+    trainer, (mesh_a, _) = colocated
+    server = ParameterServer()
+    params = params_on(trainer, 1.0)
+    server.push(1, params)
+    _, held = server.pull("a", replicated(mesh_a))
+    step = jax.jit(lambda p: jax.tree.map(lambda x: x + 100, p), donate_argnums=0)
+    params = step(params)  # the trainer's step donates the buffers it pushed from
+    server.push(2, params)  # version 1 leaves the server while instance "a" still decodes
+    assert server.stored_versions() == [2]
+    assert not held["b"].is_deleted()
+    np.testing.assert_array_equal(held["b"], np.ones(4))
+    _, newer = server.pull("a", replicated(mesh_a), newer_than=1)
+    np.testing.assert_array_equal(newer["b"], np.ones(4) + 100)
