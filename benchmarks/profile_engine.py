@@ -1,9 +1,9 @@
 r"""Measures the rollout engine on this machine and fits the coordinator's step-latency model.
 
   python benchmarks/profile_engine.py --model=tiny \
-      --out=asyncrl/sim/profiles/cpu_tiny.json                       # ~1 min on 2 CPU cores
+      --out=asyncrl/profiles/cpu_tiny.json                       # ~1 min on 2 CPU cores
   python benchmarks/profile_engine.py --checkpoint=embedded \
-      --out=asyncrl/sim/profiles/cpu_smollm2_135m.json               # ~3 min on 2 CPU cores
+      --out=asyncrl/profiles/cpu_smollm2_135m.json               # ~3 min on 2 CPU cores
 
 Prints the fitted `t = a + b·kv_tokens + max(c, d + e·running)`, its leave-one-out relative
 error, and writes a `LatencyModel` JSON (loadable with `LatencyModel.load`) whose `source`

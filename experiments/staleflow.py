@@ -5,14 +5,14 @@ model, greedy per-instance sync with partial rollout, migration, η = 2.
     python -m asyncrl.main --config=experiments/staleflow.py:tiny --workdir=/tmp/staleflow
 
 The latency model is fitted on this kind of machine by
-`python benchmarks/profile_engine.py` (see asyncrl/sim/profiles/).
+`python benchmarks/profile_engine.py` (see asyncrl/profiles/).
 """
 
 import pathlib
 
 from experiments import grpo
 
-PROFILES = pathlib.Path(__file__).resolve().parents[1] / "asyncrl" / "sim" / "profiles"
+PROFILES = pathlib.Path(__file__).resolve().parents[1] / "asyncrl" / "profiles"
 
 
 def get_config(arg=None):

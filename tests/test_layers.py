@@ -16,7 +16,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl"
 SHARED = {"asyncrl.registry", "asyncrl.errors", "asyncrl.config_args", "asyncrl.jsonfile",
-          "asyncrl.cli"}  # import-light leaves any layer may use
+          "asyncrl.cli", "asyncrl.profiles"}  # import-light leaves any layer may use
 HEAVY = {"jax", "flax", "optax", "orbax", "threading", "ray"}
 
 # layer -> (asyncrl modules it may import besides itself and SHARED, third-party it may not)

@@ -218,7 +218,7 @@ def test_late_binding_and_psrl_routing_keep_every_entry_within_eta(tmp_path):
     # PSRL's tools in the live system: V_traj bound late, each response routed on its own,
     # version-first routing with the KV-fit check (the engine reports slots × cache length),
     # KV-aware sync. The core checks the bound at every consume; so does this test.
-    latency = ROOT / "asyncrl" / "sim" / "profiles" / "cpu_tiny.json"
+    latency = ROOT / "asyncrl" / "profiles" / "cpu_tiny.json"
     steps = 8
     run(tiny(train__steps=steps, coordinator__binding="late", coordinator__dispatch="per_response",
              coordinator__routing="version_first", coordinator__latency_model=str(latency),

@@ -1,7 +1,7 @@
 """The config of one simulated run, the systems a grid compares, and the checks.
 
 Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
-  profile                hardware/model profile JSON (a file in asyncrl/sim/profiles, or a path)
+  profile                hardware/model profile JSON (a file in asyncrl/profiles, or a path)
   num_instances, eta, seed
   label                  the system's name in results and tables ('' = the admission's name)
   coordinator.*          the live config's `coordinator` section, same names and meanings

@@ -10,7 +10,7 @@
   KV cache      instance.kv_capacity_tokens (optional; 0 or absent: unlimited) with vLLM's
                 recompute preemption (asyncrl/sim/instance.py)
 
-The JSON schema is shown by `profiles/qwen2p5_7b_8xh100.json`; unknown or missing fields are
+The JSON schema is shown by `asyncrl/profiles/qwen2p5_7b_8xh100.json`; unknown or missing fields are
 errors that name the file and the field.
 """
 
@@ -21,8 +21,8 @@ import os
 
 from asyncrl.coordinator.latency import LatencyModel
 from asyncrl.jsonfile import read_json_object
+from asyncrl.profiles import PROFILE_DIR
 
-PROFILE_DIR = os.path.join(os.path.dirname(__file__), "profiles")
 
 _OPTIONAL = {"instance.kv_capacity_tokens": 0.0}
 _SECTIONS = {

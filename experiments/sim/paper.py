@@ -16,7 +16,7 @@ core, at most 4; results are identical for any number). Writes results.csv, resu
 (ratios as the median over seeds ± spread), timing.json, throughput.png and staleness.png
 to the workdir. `runlocal` shrinks it to 2 sizes × 2 η × 1 seed for a quick look.
 
-Workload: a 7B-class model on 8-GPU rollout instances (asyncrl/sim/profiles/
+Workload: a 7B-class model on 8-GPU rollout instances (asyncrl/profiles/
 qwen2p5_7b_8xh100.json, from public figures), long chain-of-thought math response lengths
 (asyncrl/sim/data/long_cot_math.json: mean ~3.2k tokens, 3 % cut at the 16k cap), GRPO
 groups of 16, 4 trainer GPUs per rollout instance.

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from asyncrl.coordinator import LatencyModel
-from asyncrl.sim.profile import PROFILE_DIR
+from asyncrl.profiles import PROFILE_DIR
 
 MODEL = LatencyModel(a=0.003, b=2.5e-9, c=0.006, d=0.001, e=4e-5, prefill_s_per_token=4e-6)
 

@@ -6,7 +6,8 @@ import pytest
 
 from asyncrl.sim.cluster import Cluster
 from asyncrl.sim.instance import DONE
-from asyncrl.sim.profile import PROFILE_DIR, Profile
+from asyncrl.profiles import PROFILE_DIR
+from asyncrl.sim.profile import Profile
 
 from tests.sim.helpers import tiny
 

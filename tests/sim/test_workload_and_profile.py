@@ -8,7 +8,8 @@ import pytest
 
 from asyncrl.sim.cluster import Cluster
 from asyncrl.sim.instance import GONE
-from asyncrl.sim.profile import PROFILE_DIR, Profile
+from asyncrl.profiles import PROFILE_DIR
+from asyncrl.sim.profile import Profile
 from asyncrl.sim.prompts import SimPrompts
 from asyncrl.sim.workload import LENGTHS, build_lengths
 
