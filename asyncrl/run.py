@@ -21,7 +21,7 @@ import jax
 import numpy as np
 
 from asyncrl import config as config_lib
-from asyncrl.coordinator.core import Batch
+from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable, Iterator, Protocol
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -36,50 +36,18 @@ from asyncrl.coordinator.admission import Admission
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, InstanceState, Prompt,
                                           Published, Score, Scored, Sync, Synced)
-from asyncrl.coordinator.migration import Candidate, MigrationPolicy, NoMigration, pick_trajectories
+from asyncrl.coordinator.binding import late_bind
+from asyncrl.coordinator.migration import MigrationPolicy, NoMigration, movable, pick_trajectories
 from asyncrl.coordinator.redundancy import Redundancy
 from asyncrl.coordinator.routing import (BINDINGS, DISPATCH_MODES, PendingQueue, Request, Router,
-                                         eligible_new, eligible_resume)
+                                         eligible_new, eligible_resume, place_each_response)
+from asyncrl.coordinator.records import AllInstancesFailed, Batch, Counters, PromptSource
 from asyncrl.coordinator.view import ClusterView
-from asyncrl.servers.trajectory import TrajectoryRecord, TrajectoryServer
+from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import StalenessError, TrajectoryState
 
 _S = TrajectoryState
 _UNSEEN_BY_ADMISSION = (InstanceState, Finished)
-
-
-class PromptSource(Protocol):
-    def __next__(self) -> Prompt: ...  # the next fresh prompt; StopIteration when exhausted
-    def get(self, prompt_id: int) -> Prompt: ...  # a prompt again, by id (retries, resumes)
-
-
-@dataclasses.dataclass
-class Counters:
-    dispatched: int = 0
-    migrated: int = 0
-    aborted_entries: int = 0
-    reward_failures: int = 0
-    filtered_groups: int = 0
-    rerouted_after_failure: int = 0
-    failed_instances: int = 0
-
-
-@dataclasses.dataclass
-class Batch:
-    """A consumed training batch: its entries, each one's V_traj and its group's records."""
-
-    version: int
-    entries: list[int]
-    v_traj: list[int]
-    groups: list[list[TrajectoryRecord]]
-
-    @property
-    def staleness(self) -> list[int]:
-        return [self.version - v for v in self.v_traj]
-
-
-class AllInstancesFailed(RuntimeError):
-    """No rollout instance is left to run anything."""
 
 
 class Core:
@@ -128,7 +96,8 @@ class Core:
             if type(event) not in _UNSEEN_BY_ADMISSION:
                 self._forget_given_up()
         if self.late_binding:
-            self._rebind()
+            self.rebound += late_bind(self.cluster, self.server, self.admission, self._bound_at,
+                                      self.dead)
         for i in self.admission.syncs(sorted(self._dirty - self.dead)):
             self._out.append(Sync(i))
             self.cluster.syncing[i] = True
@@ -279,30 +248,6 @@ class Core:
             self._queue_resume(t)
             self.counters.rerouted_after_failure += 1
 
-    def _rebind(self) -> None:
-        """Entries none of whose responses has started take the newest V_traj their instances
-        allow: every token will come from the weights an instance holds from now on."""
-        cluster, server = self.cluster, self.server
-        moved = np.flatnonzero(cluster.version > self._bound_at)
-        if len(moved) == 0:
-            return
-        self._bound_at[moved] = cluster.version[moved]
-        entries = set()
-        for i in moved.tolist():
-            if i in self.dead:
-                continue
-            for t in server.held_by(i):
-                if server.state(t) is _S.ROUTED:
-                    entries.add(server.entry_of(t))
-        for entry in sorted(entries):
-            members = server.members(entry)
-            if any(server.state(m) is not _S.ROUTED for m in members):
-                continue  # a response started (or finished): its tokens pin V_traj
-            v = int(min(cluster.version[server.instance_of(m)] for m in members))
-            if v > server.v_traj(entry) and self.admission.rebind(entry, v):
-                server.rebind(entry, v)
-                self.rebound += 1
-
     # ---------------------------------------------------------------- aborts and extraction
 
     def _forget_given_up(self) -> None:
@@ -351,14 +296,8 @@ class Core:
         for move in self.migration.plan(cluster, can_new):
             if move.src in self.dead or move.dst in self.dead:
                 continue
-            candidates = []
-            for t in self.server.held_by(move.src):
-                state, prompt, tokens, started = self.server.progress(t)
-                if state is _S.RUNNING:
-                    if not self.partial_rollout:
-                        continue  # resumed on other weights it would mix versions
-                    tokens += int(self.decode_steps[move.src]) - started
-                candidates.append(Candidate(t, prompt + tokens, state is _S.ROUTED))
+            candidates = movable(self.server, move.src, int(self.decode_steps[move.src]),
+                                 self.partial_rollout)
             picked = tuple(c.traj_id for c in pick_trajectories(candidates, move.count))
             if picked:
                 self._moving.update((t, move.dst) for t in picked)
@@ -407,7 +346,8 @@ class Core:
             if not eligible.any():  # most steps at scale: the router need not be asked
                 return
             if self.per_response:
-                targets = self._place_responses(eligible, launch, len(prompt.tokens))
+                targets = place_each_response(self.router, cluster, eligible, launch,
+                                              len(prompt.tokens))
                 if targets is None:
                     return
             else:
@@ -432,24 +372,6 @@ class Core:
             self.counters.dispatched += 1
             for target, tids in _by_instance(zip(ids, targets)):
                 self._out.append(Dispatch(target, entry, tids, resume=False))
-
-    def _place_responses(self, eligible: np.ndarray, launch: int,
-                         prompt_tokens: int) -> list[int] | None:
-        """Routes each response of a new group on its own, counting each placement in the
-        view before the next. None (the view unchanged) if the first has nowhere to go: the
-        group waits. A later response with nowhere better to go joins the one before it,
-        as a whole group would (queued beyond the free slots)."""
-        cluster, targets = self.cluster, []
-        request = Request(1, prompt_tokens)
-        for _ in range(launch):
-            target = self.router.choose(cluster, eligible, request)
-            if target is None:
-                if not targets:
-                    return None
-                target = targets[-1]
-            targets.append(target)
-            cluster.queued[target] += 1
-        return targets
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -25,6 +25,8 @@ import numpy as np
 
 from asyncrl.registry import Registry
 from asyncrl.coordinator.view import ClusterView
+from asyncrl.servers.trajectory import TrajectoryServer
+from asyncrl.staleness import TrajectoryState
 
 MIGRATION_POLICIES = Registry("migration policy")
 
@@ -115,3 +117,20 @@ class Balance(MigrationPolicy):
 
 def build_migration_policy(name: str, **kwargs) -> MigrationPolicy:
     return MIGRATION_POLICIES.build(name, **kwargs)
+
+
+def movable(server: TrajectoryServer, instance: int, decode_steps: int,
+            partial_rollout: bool) -> list[Candidate]:
+    """What migration may take from `instance`: queued work, and running work when partial
+    rollout lets a trajectory go on elsewhere (`decode_steps`: the instance's count, which
+    dates how many tokens a running one has)."""
+    candidates = []
+    for t in server.held_by(instance):
+        state, prompt, tokens, started = server.progress(t)
+        if state is TrajectoryState.RUNNING:
+            if not partial_rollout:
+                continue  # resumed on other weights it would mix versions
+            tokens += decode_steps - started
+        candidates.append(Candidate(t, prompt + tokens, state is TrajectoryState.ROUTED))
+    return candidates
+

@@ -244,3 +244,22 @@ def router_needs_latency(name: str) -> bool:
 
 def build_router(name: str, latency: LatencyModel | None) -> Router:
     return ROUTERS.build(name, latency=latency)
+
+
+def place_each_response(router: Router, cluster: ClusterView, eligible: np.ndarray, launch: int,
+                        prompt_tokens: int) -> list[int] | None:
+    """Routes each response of a new group on its own, counting each placement in the view
+    before the next. None (the view unchanged) if the first has nowhere to go: the group
+    waits. A later response with nowhere better to go joins the one before it, as a whole
+    group would (queued beyond the free slots)."""
+    targets = []
+    request = Request(1, prompt_tokens)
+    for _ in range(launch):
+        target = router.choose(cluster, eligible, request)
+        if target is None:
+            if not targets:
+                return None
+            target = targets[-1]
+        targets.append(target)
+        cluster.queued[target] += 1
+    return targets

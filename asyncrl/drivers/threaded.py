@@ -19,7 +19,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
-from asyncrl.coordinator.core import Batch, Core
+from asyncrl.coordinator.core import Core
+from asyncrl.coordinator.records import Batch
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, InstanceState, Published,
                                           Score, Scored, Sync, Synced)

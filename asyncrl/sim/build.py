@@ -7,7 +7,8 @@ same fields). tests/coordinator/test_drivers_agree.py checks that both give the 
 from __future__ import annotations
 
 from asyncrl.coordinator.admission import build_admission
-from asyncrl.coordinator.core import Core, PromptSource
+from asyncrl.coordinator.core import Core
+from asyncrl.coordinator.records import PromptSource
 from asyncrl.coordinator.latency import LatencyModel
 from asyncrl.coordinator.migration import build_migration_policy
 from asyncrl.coordinator.redundancy import build_redundancy

@@ -8,7 +8,8 @@ import pytest
 
 from asyncrl.coordinator import build_migration_policy, build_redundancy, build_router, build_sync_policy
 from asyncrl.coordinator.admission import build_admission
-from asyncrl.coordinator.core import AllInstancesFailed, Core
+from asyncrl.coordinator.core import Core
+from asyncrl.coordinator.records import AllInstancesFailed
 from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted, Failed,
                                           Finished, InstanceState, Prompt, Published, Score,
                                           Scored, Sync, Synced)
