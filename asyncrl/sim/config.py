@@ -109,7 +109,8 @@ def systems() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict({
         "sync": {"eta": 0, "coordinator": {"admission": "barrier", **base}},
         "one_step": {"eta": 1, "coordinator": {"admission": "barrier", **base}},
-        # verl as its README recommends, not AReaL's bound under another name: a sample
+        # verl as its own admission, not AReaL's bound under another name (the threshold is
+        # our choice; public run scripts set it anywhere from 0 to 4): a sample
         # ratio (0.5 of a batch per update) whose window resets at each parameter sync, one
         # sync every η local updates.
         "verl": {"coordinator": {"admission": "verl", **base, "admission_params": {"verl": {
