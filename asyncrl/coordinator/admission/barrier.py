@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-from asyncrl.coordinator.admission.base import ADMISSIONS, Admission, CollectiveUpdate
+from asyncrl.coordinator.admission.base import ADMISSIONS, CollectiveAdmission, CollectiveUpdate
 
 
 @ADMISSIONS.register("barrier")
-class Barrier(Admission):
+class Barrier(CollectiveAdmission):
     def __init__(self, *, eta: int, batch_size: int, over_sampling: float = 1.0,
                  recycle: bool = True):
         if not over_sampling >= 1.0:
@@ -119,9 +119,6 @@ class Barrier(Admission):
 
     def on_synced(self, instance, version):
         self._advance()
-
-    def syncs(self, dirty):
-        return self.update.syncs(self.core)
 
     def state_dict(self):
         # Pairs as lists: a checkpoint's JSON gives lists back, and must give back equal data.

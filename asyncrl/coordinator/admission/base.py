@@ -117,3 +117,12 @@ class CollectiveUpdate:
             return None
         self.target = None
         return target
+
+
+class CollectiveAdmission(Admission):
+    """An admission whose weight updates are collective: its `update` says who pulls."""
+
+    update: CollectiveUpdate
+
+    def syncs(self, dirty: list[int]) -> list[int]:
+        return self.update.syncs(self.core)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import heapq
 
-from asyncrl.coordinator.admission.base import ADMISSIONS, Admission, CollectiveUpdate
+from asyncrl.coordinator.admission.base import ADMISSIONS, CollectiveAdmission, CollectiveUpdate
 
 
 @ADMISSIONS.register("token_bucket")
-class TokenBucket(Admission):
+class TokenBucket(CollectiveAdmission):
     bounded = False
 
     def __init__(self, *, eta: int, batch_size: int, drop_stale: bool = False):
@@ -85,9 +85,6 @@ class TokenBucket(Admission):
 
     def on_synced(self, instance, version):
         self._check_update()
-
-    def syncs(self, dirty):
-        return self.update.syncs(self.core)
 
     def state_dict(self):
         # `dropped`: given up but not yet taken by the core; a checkpoint between the two

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import collections
 
-from asyncrl.coordinator.admission.base import ADMISSIONS, Admission, CollectiveUpdate
+from asyncrl.coordinator.admission.base import ADMISSIONS, CollectiveAdmission, CollectiveUpdate
 
 
 @ADMISSIONS.register("verl")
-class Verl(Admission):
+class Verl(CollectiveAdmission):
     """verl's fully-async policy (`recipe/fully_async_policy`, README of Dec 2025).
 
     As published: a Rollouter streams samples (entries here) onto free rollout capacity and
@@ -116,9 +116,6 @@ class Verl(Admission):
 
     def on_synced(self, instance, version):
         self._check_update()
-
-    def syncs(self, dirty):
-        return self.update.syncs(self.core)
 
     def state_dict(self):
         return {"queue": list(self.queue), "in_flight": sorted(self.in_flight),
