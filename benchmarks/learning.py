@@ -3,6 +3,8 @@ negative control.
 
   python benchmarks/learning.py                          # the default task, 3 seeds each
   python benchmarks/learning.py --scale=tiny --seeds=0   # the tiny config, a smoke test
+  python benchmarks/learning.py --workdir=runs/learning --seeds=0   # later: --seeds=0,1,2
+                                                         # reuses seed 0's finished runs
 
 Each run is `python -m asyncrl.main` in its own process, same config except:
   staleflow  experiments/grpo.py (η = 2, the StaleFlow admission)
@@ -57,13 +59,25 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
         command.append(f"--config.train.steps={args.steps}")
     if args.eval_every is not None:
         command.append(f"--config.eval.every_steps={args.eval_every}")
+    # A finished run with the same command is kept: seeds can be added over several sittings
+    # (the same --workdir) without redoing, or losing, the runs already measured.
+    recorded = workdir / "command.json"
+    if (workdir / "results.json").exists() and recorded.exists():
+        if json.loads(recorded.read_text()) == command[1:]:
+            print(f"[learning] {variant} seed {seed}: reusing {workdir}", file=sys.stderr, flush=True)
+            return summarize(workdir, json.loads((workdir / "process_s.json").read_text()))
+        raise SystemExit(f"{workdir} holds a run made with another command than\n  "
+                         f"{' '.join(command[1:])}\nchoose another --workdir")
     print(f"[learning] {variant} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode:
         raise RuntimeError(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}")
-    return summarize(workdir, time.perf_counter() - start)
+    process_s = time.perf_counter() - start
+    (workdir / "process_s.json").write_text(json.dumps(process_s))
+    recorded.write_text(json.dumps(command[1:]))
+    return summarize(workdir, process_s)
 
 
 def summarize(workdir: pathlib.Path, process_s: float) -> dict:

@@ -58,6 +58,14 @@ def test_learning_benchmark(tmp_path):
     assert result["final_accuracy"].keys() == {"staleflow", "sync", "control"}
     assert result["accuracy_label"] == "train-set"  # the tiny task is too small to hold out
     assert (tmp_path / "learning.png").stat().st_size > 0
+    # Asked again in the same workdir, the finished runs are reused, not redone or lost.
+    written = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*_0/results.json")}
+    assert len(written) == 3
+    again = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
+                       "--override=--config.eval.heldout_size=8", f"--workdir={tmp_path}")
+    assert again["final_accuracy"] == result["final_accuracy"]
+    assert again["time_to_target_s"] == result["time_to_target_s"]
+    assert {p: p.stat().st_mtime_ns for p in written} == written
     for variant in ("staleflow", "sync", "control"):
         evals = json.loads((tmp_path / f"{variant}_0" / "results.json").read_text())["evals"]
         assert [e["step"] for e in evals] == [2]  # version 4 is the final evaluation
