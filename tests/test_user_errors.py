@@ -32,9 +32,10 @@ HF_CONFIG = {  # a small Llama, as transformers writes it
 
 
 def run_asyncrl_main(*args: str) -> subprocess.CompletedProcess:
+    # The timeout guards against a hang, not speed: a loaded CI machine may take minutes.
     return subprocess.run([sys.executable, "-m", "asyncrl.main", *args], cwd=ROOT,
                           env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
-                          text=True, timeout=900)  # a hang guard, not a speed check: CI may be loaded
+                          text=True, timeout=900)
 
 
 @pytest.fixture(scope="module")
