@@ -219,7 +219,9 @@ def follow_group(c, workdir: pathlib.Path) -> None:
     trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
     ckpt, state, _, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
                                              initial_params=policy.params)
-    log.info("trainer group process %d: %s; following process 0", jax.process_index(), source)
+    # The console's one line from this process (as process 0's progress notes): where it began.
+    print(f"trainer group process {jax.process_index()}: {source}; following process 0",
+          file=sys.stderr)
     follow(trainer, ckpt, state)
 
 
