@@ -51,7 +51,8 @@ def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
     t, k, d = mesh_cfg.trainer_devices, mesh_cfg.rollout_instances, mesh_cfg.devices_per_instance
     trainer_devices, devices = split_by_process(jax.devices() if devices is None else devices, t)
     if len(devices) < devices_needed(mesh_cfg):
-        raise ValueError(f"placement needs {devices_needed(mesh_cfg)} devices on process 0, "
+        where = " on process 0" if jax.process_count() > 1 else ""
+        raise ValueError(f"placement needs {devices_needed(mesh_cfg)} devices{where}, "
                          f"got {len(devices)}")
     trainer = trainer_mesh(trainer_devices)
     if mesh_cfg.colocate:
