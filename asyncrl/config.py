@@ -74,8 +74,14 @@ def with_overrides(config: ml_collections.ConfigDict,
     return config
 
 
-def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
-    """Checks every field a run depends on, before any model or thread is built."""
+def validate(config: ml_collections.ConfigDict, device_count: int, processes: int = 1,
+             process_index: int = 0) -> None:
+    """Checks every field a run depends on, before any model or thread is built.
+
+    `device_count`: this process's own (local) devices. In a trainer group of `processes`,
+    the trainer mesh takes mesh.trainer_devices of every process and the instances run on
+    process 0's (asyncrl/placement.py), so each process is checked for what it must hold.
+    """
     for field, minimum in [
         ("staleness.eta", 0), ("train.batch_size", 1), ("train.steps", 1),
         ("rollout.group_size", 1), ("rollout.num_slots", 1), ("rollout.max_new_tokens", 1),
@@ -144,13 +150,15 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
               f"a group is prefilled into group_size slots at once; at most rollout.num_slots "
               f"({config.rollout.num_slots})")
     sequences = config.train.batch_size * config.rollout.group_size
-    if sequences % (config.train.num_microbatches * config.mesh.trainer_devices):
+    trainer_devices = config.mesh.trainer_devices * processes
+    if sequences % (config.train.num_microbatches * trainer_devices):
+        group = f" × {processes} processes" if processes > 1 else ""
         _fail("train.num_microbatches", config.train.num_microbatches,
               f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
               f"responses = {sequences} sequences must split evenly into micro-batches × "
-              f"mesh.trainer_devices ({config.mesh.trainer_devices})")
+              f"mesh.trainer_devices ({config.mesh.trainer_devices}){group}")
     _validate_distributed(config)
-    _check_devices(config, device_count)
+    _check_devices(config, device_count, processes, process_index)
     checkpoint = config.model.checkpoint
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
@@ -163,8 +171,15 @@ def validate(config: ml_collections.ConfigDict, device_count: int) -> None:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
 
 
-def _check_devices(config, device_count: int) -> None:
+def _check_devices(config, device_count: int, processes: int = 1, process_index: int = 0) -> None:
     mesh = config.mesh
+    if process_index > 0:  # a follower of the trainer group holds a part of the trainer alone
+        if mesh.trainer_devices > device_count:
+            _fail("mesh.trainer_devices", mesh.trainer_devices,
+                  f"at most the {device_count} local devices of trainer-group process "
+                  f"{process_index} (distributed.process_id): every process of the group "
+                  f"gives the trainer mesh that many of its own devices")
+        return
     if config.distributed.backend == "ray":  # each instance actor brings its own devices
         if mesh.colocate:
             _fail("mesh.colocate", True, "False with distributed.backend='ray': each instance "
@@ -181,10 +196,13 @@ def _check_devices(config, device_count: int) -> None:
     if needed <= device_count:
         return
     cpu_hint = "on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count"
+    host = "this host" if processes == 1 else (
+        f"process 0 of the trainer group of {processes} (distributed.num_processes; it holds "
+        f"its part of the trainer and every instance)")
     if mesh.colocate:
-        _fail("mesh", f"colocated on {t} trainer devices", f"needs {needed} devices, this host "
+        _fail("mesh", f"colocated on {t} trainer devices", f"needs {needed} devices, {host} "
               f"has {device_count} (lower mesh.trainer_devices; {cpu_hint})")
-    _fail("mesh", f"{t} + {k} × {d}", f"needs {needed} devices, this host has {device_count} "
+    _fail("mesh", f"{t} + {k} × {d}", f"needs {needed} devices, {host} has {device_count} "
           f"({cpu_hint}; or share devices: --config.mesh.colocate=True runs the trainer and all "
           f"{k} instances on the first mesh.trainer_devices ({t}) devices)")
 
@@ -221,9 +239,10 @@ def _validate_distributed(config) -> None:
     if d.instance_platform not in ("", "cpu", "cuda", "gpu", "tpu", "rocm"):
         _fail("distributed.instance_platform", d.instance_platform,
               "'' (as the node has it) or a JAX platform: cpu, cuda, gpu, rocm, tpu")
-    if d.coordinator_address and ":" not in d.coordinator_address:
+    if d.coordinator_address not in ("", "auto") and ":" not in d.coordinator_address:
         _fail("distributed.coordinator_address", d.coordinator_address,
-              "'' (from JAX_COORDINATOR_ADDRESS) or 'host:port' of process 0")
+              "'' (from JAX_COORDINATOR_ADDRESS), 'host:port' of process 0, or 'auto' (a TPU "
+              "slice: JAX reads the group from the VM's metadata)")
     if not isinstance(d.process_id, int) or isinstance(d.process_id, bool) or d.process_id < -1 \
             or (d.num_processes and d.process_id >= d.num_processes):
         _fail("distributed.process_id", d.process_id,

@@ -34,6 +34,11 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     import jax  # here, not at the top: a bad flag is reported without waiting for JAX
 
+    from asyncrl.distributed.trainer_group import initialize
+
+    # A trainer group (distributed.* or JAX_*): joined before anything starts JAX's backend
+    # (importing the run may), which then sees every process's devices. One process: no-op.
+    initialize(_CONFIG.value.distributed)
     from asyncrl.run import run
 
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),

@@ -10,6 +10,12 @@ instance takes devices_per_instance of them, round robin from where the previous
 instances are independent, so spreading them evenly keeps every device's decode load (and
 KV-cache memory) within one instance of the others. On one device every mesh is that device.
 
+A trainer group (several processes, asyncrl/distributed/trainer_group.py): the trainer mesh
+takes the first trainer_devices LOCAL devices of every process, so N processes train on
+N × trainer_devices devices; the instances run on process 0's devices alone (it leads the run;
+the other processes only take part in the trainer's collectives). Each process's own devices
+are counted, never the group's total: `devices_needed` is what process 0 must have.
+
 The meshes are what changes, nothing else: the coordinator, the staleness protocol and the
 instances cannot tell the layouts apart. What colocation does to a weight push and pull is
 said in asyncrl/servers/parameters.py.
@@ -28,7 +34,7 @@ ROLLOUT_AXIS = "tp"
 
 
 def devices_needed(mesh_cfg) -> int:
-    """How many devices `place` takes (config validation checks it against the host)."""
+    """How many local devices `place` takes on process 0 (config validation checks it)."""
     if mesh_cfg.colocate:
         return mesh_cfg.trainer_devices
     return mesh_cfg.trainer_devices + mesh_cfg.rollout_instances * mesh_cfg.devices_per_instance
@@ -42,11 +48,13 @@ def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
 
     from asyncrl.train.trainer import trainer_mesh
 
-    devices = list(jax.devices() if devices is None else devices)
     t, k, d = mesh_cfg.trainer_devices, mesh_cfg.rollout_instances, mesh_cfg.devices_per_instance
+    trainer_devices, devices = split_by_process(jax.devices() if devices is None else devices, t)
     if len(devices) < devices_needed(mesh_cfg):
-        raise ValueError(f"placement needs {devices_needed(mesh_cfg)} devices, got {len(devices)}")
-    trainer = trainer_mesh(devices[:t])
+        where = " on process 0" if jax.process_count() > 1 else ""
+        raise ValueError(f"placement needs {devices_needed(mesh_cfg)} devices{where}, "
+                         f"got {len(devices)}")
+    trainer = trainer_mesh(trainer_devices)
     if mesh_cfg.colocate:
         if d > t:
             raise ValueError(f"colocated, an instance's {d} devices must come from the trainer's {t}")
@@ -54,6 +62,20 @@ def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
     else:
         slices = [devices[t + i * d: t + (i + 1) * d] for i in range(k)]
     return trainer, [Mesh(np.asarray(s), (ROLLOUT_AXIS,)) for s in slices]
+
+
+def split_by_process(devices, trainer_devices: int) -> tuple[list, list]:
+    """The trainer mesh's devices (the first `trainer_devices` of every process, process by
+    process) and process 0's own devices, in order. One process: devices[:t] and devices."""
+    by_process: dict[int, list] = {}
+    for device in devices:
+        by_process.setdefault(device.process_index, []).append(device)
+    short = {p: len(ds) for p, ds in by_process.items() if len(ds) < trainer_devices}
+    if short:
+        raise ValueError(f"mesh.trainer_devices = {trainer_devices} local devices per process, "
+                         f"but process(es) {short} have fewer")
+    trainer = [dev for p in sorted(by_process) for dev in by_process[p][:trainer_devices]]
+    return trainer, by_process[min(by_process)]
 
 
 def describe_layout(trainer: Mesh, rollouts: list[Mesh]) -> str:

@@ -1,7 +1,10 @@
 """One post-training run: `run(config, workdir)`, what `python -m asyncrl.main` calls.
 
 The trainer runs on the calling thread; the coordinator and each rollout instance on their
-own threads (`asyncrl.drivers`); rewards in worker processes. Read top to bottom: build,
+own threads (`asyncrl.drivers`); rewards in worker processes. In a trainer group (several
+processes, `distributed.*`), process 0 runs all of this and the others only follow its
+trainer's collectives (asyncrl/distributed/trainer_ops.py): the loop reaches the trainer
+through `TrainerGroup` alone, which with one process is the plain calls. Read top to bottom: build,
 restore, start the rollouts, then per step wait for a batch, train, publish the weights,
 evaluate, log and checkpoint; finish with the final evaluation and the results file.
 """
@@ -25,6 +28,7 @@ from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested
+from asyncrl.distributed.trainer_ops import TrainerGroup, follow
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
@@ -53,7 +57,11 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     workdir.mkdir(parents=True, exist_ok=True)
 
     # ---------------------------------------------------------------- build
-    config_lib.validate(c, jax.device_count())
+    # Each process is checked for its own devices: see asyncrl/placement.py.
+    config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
+    if jax.process_index() > 0:
+        follow_group(c, workdir)
+        return {}
     data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
     policy = load_policy(c.model)
     Rollouts, placement = rollouts_for(c)
@@ -72,6 +80,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     progress = Progress(c.train.steps)
     ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
                                                   initial_params=policy.params)
+    group = TrainerGroup(trainer, ckpt)
     progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
         rollouts.restore(resume)
@@ -82,8 +91,9 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     results_path = workdir / "results.json"
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     results["placement"] = layout  # this process's: a resumed run may be placed differently
+    params = group.host_params(state)
     if "before" not in results:
-        before = evaluate(state.params, step, "before")
+        before = evaluate(params, step, "before")
         progress.note(f"before: {describe(before)}")
         results["before"] = dataclasses.asdict(before)
         results_path.write_text(json.dumps(results, indent=2))
@@ -98,7 +108,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
     writer = MetricsWriter(workdir, resume_step=step)
     progress.start(step)
-    rollouts.start(state.params, step)
+    rollouts.start(params, step)
 
     published_at: dict[int, float] = {}  # version -> the run's wall seconds when it existed
 
@@ -106,7 +116,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         return earlier_wall_s + chrono.wall_s()
 
     def save_checkpoint() -> None:
-        ckpt.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=run_wall_s()))
+        group.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=run_wall_s()))
 
     def collect_evaluations(finished) -> None:
         for version, result in finished:
@@ -134,6 +144,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         progress.update(logged, scalars)
 
     # ---------------------------------------------------------------- train loop
+    failed = True  # until the loop ends normally: the group's followers learn which it was
     try:
         while step < c.train.steps:
             chrono.phase("wait")
@@ -145,13 +156,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             chrono.phase("step")
             train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step,
                                                  rollouts.max_len, c.rollout.group_size)
-            state, metrics = trainer.step(state, trainer.put_batch(train_batch))
+            state, metrics = group.step(state, train_batch)
             step += 1
             batch_figures[step] = describe_batch(batch, train_batch)
-            rollouts.publish(step, state.params)
+            params = group.host_params(state)
+            rollouts.publish(step, params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
                 published_at[step] = run_wall_s()
-                background.submit(step, state.params)
+                background.submit(step, params)
             log_step(late.push(step, metrics))
             finishing = stop.is_set() or step == c.train.steps
             if finishing or step % checkpoint_every == 0:
@@ -167,11 +179,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         log_step(late.flush())
         if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
             save_checkpoint()
+        if step >= c.train.steps:  # the final evaluation's weights, while the group is there
+            params = group.host_params(state)
+        failed = False
     finally:
         chrono.phase(None)
         rollouts.stop()
         collect_evaluations(background.close())
-        ckpt.close()
+        group.stop(failed)
         progress.close()
         writer.close()
 
@@ -181,7 +196,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
         return results
-    after = evaluate(state.params, step, "after")
+    after = evaluate(params, step, "after")
     print(f"after: {describe(after)}", file=sys.stderr)
     results["after"] = dataclasses.asdict(after)
     results["steps"] = step
@@ -192,6 +207,22 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
           f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "
           f"{results_path}")
     return results
+
+
+def follow_group(c, workdir: pathlib.Path) -> None:
+    """Process > 0 of a trainer group: the same trainer on the same global mesh, restored from
+    the same checkpoint, then process 0's collectives mirrored until it says stop. No data,
+    rollouts, evaluation or files of its own."""
+    policy = load_policy(c.model)
+    _, placement = rollouts_for(c)
+    trainer_mesh, _ = placement(c.mesh)
+    trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
+    ckpt, state, _, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
+                                             initial_params=policy.params)
+    # The console's one line from this process (as process 0's progress notes): where it began.
+    print(f"trainer group process {jax.process_index()}: {source}; following process 0",
+          file=sys.stderr)
+    follow(trainer, ckpt, state)
 
 
 def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:

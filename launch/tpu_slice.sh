@@ -10,9 +10,12 @@
 #
 # check: every host trains 3 synthetic steps as one trainer group (one FSDP mesh over the
 #   slice's chips) and prints the losses; process 0's match a one-process run's.
-# run: the post-training job, on a one-host slice (v4-8, v5litepod-8, ...): the trainer and the
-#   rollout instances on that host's chips. On more hosts the job's loop does not yet drive a
-#   trainer group (asyncrl.distributed.trainer_group holds its parts): use launch/tpu_vms.sh.
+# run: the post-training job. One host (v4-8, v5litepod-8, ...): the trainer and the rollout
+#   instances on its chips. Several hosts (--hosts=N): one trainer group
+#   (--config.distributed.coordinator_address=auto): worker 0 leads the run (instances, data,
+#   metrics) and the trainer mesh takes --chips - --instances chips of every host; the other
+#   hosts' remaining chips stay idle. The workdir must be shared storage (a bucket or NFS
+#   path): every host saves and restores its shards of one checkpoint there.
 # Extra flags after `--` go to asyncrl.main (run) or the group check (check).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -52,9 +55,10 @@ case $phase in
     everywhere "$venv && python -m asyncrl.distributed.trainer_group --steps=3 --coordinator_address=auto $(shell_line "${extra[@]}")"
     ;;
   run)
-    (( hosts == 1 )) || die "--hosts=$hosts: the job's loop drives a trainer on one host; on a multi-host slice run launch/tpu_slice.sh check, and the job with launch/tpu_vms.sh"
     trainer=$(( chips - instances ))
     (( trainer >= 1 )) || die "--chips=$chips leaves no chip to the trainer beside $instances instances"
-    everywhere "$venv && python -m asyncrl.main --config=$config --workdir=$workdir --config.mesh.trainer_devices=$trainer --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=1 $(shell_line "${extra[@]}")"
+    group=""
+    (( hosts > 1 )) && group="--config.distributed.coordinator_address=auto "
+    everywhere "$venv && python -m asyncrl.main --config=$config --workdir=$workdir --config.mesh.trainer_devices=$trainer --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=1 $group$(shell_line "${extra[@]}")"
     ;;
 esac

@@ -30,6 +30,7 @@ from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.model import ShardingRules, shardings_for
+from asyncrl.placement import split_by_process
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.train.trainer import trainer_mesh
 
@@ -70,11 +71,12 @@ class RayRollouts(LocalRollouts):
         """This process's meshes: the trainer's, and one of an instance's size after it
         (evaluation runs there, and jax_transfer lays weights out on it). The instances'
         own meshes are in their actors."""
-        devices = jax.devices() if devices is None else devices
         t, d = mesh_cfg.trainer_devices, mesh_cfg.devices_per_instance
+        # A trainer group: the trainer spans every process; evaluation stays on process 0's.
+        trainer, devices = split_by_process(jax.devices() if devices is None else devices, t)
         # Too few devices for both: evaluation shares the trainer's, between two steps.
         local = devices[t:t + d] if len(devices) >= t + d else devices[:d]
-        return trainer_mesh(devices[:t]), [Mesh(np.asarray(local), ("tp",))]
+        return trainer_mesh(trainer), [Mesh(np.asarray(local), ("tp",))]
 
     def __init__(self, c, policy, meshes, data):
         self.cluster = connect(c.distributed)

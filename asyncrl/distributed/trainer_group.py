@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 
@@ -76,11 +77,50 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
     return group
 
 
-def share(tree):
-    """Process 0's host arrays, on every process (the batch every process must step)."""
+def share(tree, mesh=None):
+    """Process 0's host arrays, on every process (the batch every process must step).
+
+    `mesh`: broadcast over its devices alone, one per process (the trainer's mesh: then every
+    collective between the processes runs on the trainer's devices, in one order). Without it
+    every device of every process takes part (multihost_utils), and on CPU a collective on
+    another device can overtake one still running on the trainer's, which gloo cannot tell
+    apart: it fails with "collective mismatch".
+    """
+    import jax
+    import numpy as np
     from jax.experimental import multihost_utils
 
-    return multihost_utils.broadcast_one_to_all(tree)
+    if mesh is None:
+        return multihost_utils.broadcast_one_to_all(tree)
+    if jax.process_count() == 1:
+        return jax.tree.map(np.asarray, tree)
+    sum_over_processes, rows = _sum_over_processes(mesh)
+    source = jax.process_index() == 0
+
+    def put(x):
+        x = np.asarray(x)
+        local = (x if source else np.zeros_like(x))[None]
+        return jax.make_array_from_process_local_data(rows, local, (jax.process_count(), *x.shape))
+
+    summed = sum_over_processes(jax.tree.map(put, tree))
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), summed)
+
+
+@functools.cache
+def _sum_over_processes(mesh):
+    """A jitted sum over a [processes, ...] stack laid out one row per process, on the first
+    of `mesh`'s devices of each process; and that layout."""
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    firsts = {}
+    for device in mesh.devices.flat:
+        firsts.setdefault(device.process_index, device)
+    one_each = Mesh(np.asarray([firsts[p] for p in sorted(firsts)]), ("processes",))
+    total = lambda tree: jax.tree.map(lambda x: x.sum(0, dtype=x.dtype), tree)  # noqa: E731
+    return (jax.jit(total, out_shardings=NamedSharding(one_each, P())),
+            NamedSharding(one_each, P("processes")))
 
 
 def gather(tree):

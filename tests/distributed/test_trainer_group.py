@@ -1,6 +1,7 @@
 """The trainer as a jax.distributed group: two CPU processes (one device each, gloo
 collectives) train the same 3 steps to the same losses as one process, and the group's
-coordinator listens on 127.0.0.1 alone."""
+coordinator listens on 127.0.0.1 alone; two `python -m asyncrl.main` processes run (and
+resume) one post-training job, process 0 leading and process 1 following its trainer."""
 
 import ipaddress
 import json
@@ -11,10 +12,14 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
+from asyncrl.config import ConfigError, validate
 from asyncrl.distributed.trainer_group import GroupError, GroupSettings, settings
+from asyncrl.metrics import read_metrics
+from tests.test_system import assert_every_entry_accounted_once, tiny
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -88,3 +93,65 @@ def test_two_processes_train_like_one():
     assert pair[0]["losses"] == pair[1]["losses"]
     assert pair[0]["losses"] == pytest.approx(alone["losses"], rel=1e-5, abs=1e-6)
     assert seen == {"127.0.0.1"}, f"the coordinator listened on {seen}"
+
+
+def main_process(workdir, port: int, process_id: int, *flags: str) -> subprocess.Popen:
+    """One process of a two-process run; 3 CPU devices each: process 0 puts its trainer part
+    on one and an instance on each other, process 1 gives the trainer its first."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+    command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
+               f"--workdir={workdir}", "--config.eval.heldout_size=8",
+               "--config.distributed.num_processes=2",
+               f"--config.distributed.process_id={process_id}",
+               f"--config.distributed.coordinator_address=127.0.0.1:{port}", *flags]
+    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def run_pair(workdir, *flags: str) -> list[str]:
+    port = free_port()
+    processes = [main_process(workdir, port, i, *flags) for i in range(2)]
+    outputs = [p.communicate(timeout=600)[0] for p in processes]
+    for i, (p, output) in enumerate(zip(processes, outputs)):
+        assert p.returncode == 0, f"process {i}:\n{output[-3000:]}"
+    return outputs
+
+
+def test_two_main_processes_run_and_resume_one_job(tmp_path):
+    run_pair(tmp_path, "--config.train.steps=3")
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert "after" in results and results["steps"] == 3
+    assert "trainer [0,2048]" in results["placement"]  # one mesh over both processes
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert all(0 <= lag <= 2 for r in rows for lag in r["staleness"])  # eta = 2: none beyond
+    assert_every_entry_accounted_once(rows, results["protocol"])
+    assert (tmp_path / "checkpoints" / "3").is_dir()
+
+    lead, follower = run_pair(tmp_path, "--config.train.steps=4")
+    assert "resumed from" in lead and "checkpoints/3" in lead
+    assert "resumed from" in follower  # restored the same sharded state
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["steps"] == 4 and "after" in results
+    assert_every_entry_accounted_once(rows, results["protocol"])
+    assert (tmp_path / "checkpoints" / "4").is_dir()
+
+
+def test_a_group_with_too_few_local_devices_is_refused_naming_the_field():
+    # Process 0 holds its trainer part and both instances: 3 devices of its own, whatever
+    # the group has in total.
+    with pytest.raises(ConfigError, match=r"config.mesh = '1 \+ 2 × 1' is not allowed: needs 3 "
+                       r"devices, process 0 of the trainer group of 2 \(distributed.num_processes"):
+        validate(tiny(), device_count=2, processes=2, process_index=0)
+    with pytest.raises(ConfigError, match=r"config.mesh.trainer_devices = 2 is not allowed: at "
+                       r"most the 1 local devices of trainer-group process 1 \(distributed.process_id"):
+        validate(tiny(mesh__trainer_devices=2), device_count=1, processes=2, process_index=1)
+    validate(tiny(), device_count=1, processes=2, process_index=1)  # a follower: its trainer part
+    # The batch splits over every process's trainer devices: 128 sequences, 2 × 3 devices.
+    with pytest.raises(ConfigError, match=r"config.train.num_microbatches = 1 .* "
+                       r"mesh.trainer_devices \(3\) × 2 processes"):
+        validate(tiny(mesh__trainer_devices=3), device_count=8, processes=2, process_index=0)
