@@ -244,14 +244,15 @@ class RemoteInstance:
             pid = self.info.get("pid", "?")
             message = f"{self.name} (Ray actor, pid {pid}) {reason}"
             log.error("%s", message)
+            # Killed, not trusted: a silent actor may wake up and report work re-routed
+            # elsewhere. Before the report: whoever hears of the failure finds it dead.
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception as error:
+                log.warning("%s: kill: %s", self.name, error)
             rejoining = self._rejoin is not None and self._rejoin.claim(self.id)
             # Under the lock: a submit refused from here on (the driver reports that too)
             # comes after this report, so the core learns first whether a restart is coming.
             self._reporter.failed(self.id, InstanceLost(message), rejoining=rejoining)
-        # Killed, not trusted: a silent actor may wake up and report work re-routed elsewhere.
-        try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception as error:
-            log.warning("%s: kill: %s", self.name, error)
         if rejoining:
             self._rejoin.respawn(self)
