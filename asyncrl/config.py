@@ -217,7 +217,8 @@ def _validate_distributed(config) -> None:
             serving = [n for n in TRANSPORTS.names() if d.backend in TRANSPORTS.get(n)["backends"]]
             _fail("distributed.transport", d.transport,
                   f"backend {d.backend!r} moves weights with 'auto' or {', '.join(serving)}")
-    for field in ("ray_num_cpus", "ray_object_store_mb", "num_processes"):
+    for field in ("ray_num_cpus", "ray_object_store_mb", "num_processes",
+                  "max_instance_restarts"):
         _int_at_least(config, f"distributed.{field}", 0)
     for field in ("instance_cpus", "instance_gpus"):
         value = _get(config, f"distributed.{field}")

@@ -158,6 +158,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.distributed.start_timeout_s = 300.0  # an actor's start: its JAX, engine, first weights
     c.distributed.pull_timeout_s = 120.0  # one weight pull, under a watchdog
     c.distributed.stop_timeout_s = 30.0
+    # A failed instance actor is replaced by a fresh one (which pulls the newest weights
+    # before it takes work) up to this many times per instance; 0: a failure is final.
+    c.distributed.max_instance_restarts = 3
     # The trainer as one jax.distributed job over processes or hosts: '' / 0 / -1 read
     # JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID (unset: 1 process, no group).
     c.distributed.coordinator_address = ""

@@ -181,6 +181,7 @@ def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
     ({"task__chat_template": "vicuna"}, r"config.task.chat_template = 'vicuna' is not allowed: one of 'auto'"),
     ({"task__system_prompt": "Be brief."}, r"config.task.system_prompt = 'Be brief.' is not allowed: a system prompt needs a chat template"),
     ({"eval__samples": 2, "eval__pass_k": (1, 4)}, r"config.eval.pass_k = \(1, 4\) is not allowed: each k an int in \[1, eval.samples = 2\]"),
+    ({"distributed__max_instance_restarts": -1}, r"config.distributed.max_instance_restarts = -1 is not allowed: expected an int ≥ 0"),
 ])
 def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -8,8 +8,8 @@ The threaded driver (`asyncrl.drivers.threaded`) does this with real rollout ins
 simulator (`asyncrl.sim`) with modelled ones, so a simulated schedule is the system's
 schedule: one control flow, every decision taken here. Each step, in this order:
 
-  1. events: instance snapshots, finished / extracted trajectories, rewards, failures,
-     completed syncs and published weights;
+  1. events: instance snapshots, finished / extracted trajectories, rewards, failures and
+     rejoins (`asyncrl.coordinator.membership`), completed syncs and published weights;
   2. aborts: entries the admission gave up (the abort rule, redundancy's surplus) are dropped
      on the instances that hold them;
   3. weight sync: the instances the admission says should pull (per instance for StaleFlow,
@@ -33,9 +33,11 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from asyncrl.coordinator.admission import Admission
+from asyncrl.coordinator.membership import Membership
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, InstanceState, Prompt,
-                                          Published, Score, Scored, Sync, Synced)
+                                          Published, Rejoined, RejoinFailed, Score, Scored, Sync,
+                                          Synced)
 from asyncrl.coordinator.binding import late_bind
 from asyncrl.coordinator.migration import MigrationPolicy, NoMigration, movable, pick_trajectories
 from asyncrl.coordinator.redundancy import Redundancy
@@ -68,7 +70,8 @@ class Core:
         self.rebound = 0  # entries whose V_traj moved forward
         self.cluster = ClusterView.empty(num_instances, num_slots)
         self.decode_steps = np.zeros(num_instances, np.int64)
-        self.dead: set[int] = set()
+        self.members = Membership()
+        self.dead = self.members.dead  # failed instances (the policies read it)
         self.latest_version = 0  # newest published weights (version 0: the initial policy)
         self.version = 0  # the next batch the trainer takes
         self.next_entry_id = 0
@@ -134,8 +137,10 @@ class Core:
 
     def describe_wait(self, version: int) -> str:
         alive = len(self.cluster) - len(self.dead)
+        restarting = len(self.members.rejoining)
         return (f"{self.admission.describe(version)}; {alive} of {len(self.cluster)} instances "
-                f"alive, {int(self.cluster.load.sum())} trajectories on them, "
+                f"alive{f' ({restarting} restarting)' if restarting else ''}, "
+                f"{int(self.cluster.load.sum())} trajectories on them, "
                 f"{len(self._resume)} waiting to resume")
 
     def alive_instances(self) -> list[int]:
@@ -156,6 +161,7 @@ class Core:
             cluster.num_slots[i], cluster.syncing[i] = event.num_slots, event.syncing
             cluster.kv_capacity[i] = event.kv_capacity or np.inf
             self.decode_steps[i] = event.decode_steps
+            self.members.hold_back(cluster, i)
             self._dirty.add(i)
         elif isinstance(event, Finished):
             for t in event.trajectory_ids:
@@ -175,11 +181,17 @@ class Core:
                     self._queue_resume(t, prefer=dst)
                     self.counters.migrated += dst is not None
         elif isinstance(event, Failed):
-            self._instance_failed(event.instance, event.error)
+            self._instance_failed(event.instance, event.error, event.rejoining)
+        elif isinstance(event, Rejoined):
+            self._instance_rejoined(event.instance, event.version)
+        elif isinstance(event, RejoinFailed):
+            self.members.give_up(event.instance)
+            self._check_any_left(event.error)
         elif isinstance(event, Synced):
             if event.instance not in self.dead:
                 cluster.version[event.instance] = max(cluster.version[event.instance], event.version)
                 cluster.syncing[event.instance] = False
+                self.members.hold_back(cluster, event.instance)
                 self._dirty.add(event.instance)
             self.admission.on_synced(event.instance, event.version)
         elif isinstance(event, Published):
@@ -233,20 +245,30 @@ class Core:
         self.server.occupy(entry)
         self.admission.on_scored(entry)
 
-    def _instance_failed(self, instance: int, error: str) -> None:
-        if instance in self.dead:
+    def _instance_failed(self, instance: int, error: str, rejoining: bool) -> None:
+        if not self.members.fail(self.cluster, instance, rejoining):
             return
-        self.dead.add(instance)
         self.counters.failed_instances += 1
-        if len(self.dead) == len(self.cluster):
-            raise AllInstancesFailed(f"every rollout instance has failed; the last: {error}")
-        # A failed instance is never eligible: it looks permanently full.
-        self.cluster.queued[instance] = self.cluster.num_slots[instance]
-        self.cluster.running[instance] = 0
+        self._check_any_left(error)
         for t in self.server.held_by(instance):
             self.server.interrupt(t)
             self._queue_resume(t)
             self.counters.rerouted_after_failure += 1
+
+    def _check_any_left(self, error: str) -> None:
+        if self.members.none_left(len(self.cluster)):
+            raise AllInstancesFailed(f"every rollout instance has failed and none is restarting; "
+                                     f"the last: {error}")
+
+    def _instance_rejoined(self, instance: int, version: int) -> None:
+        """A fresh instance in a failed one's place: nothing of the old one's is on it (that
+        was re-routed at the failure), and it takes work once it holds the newest weights."""
+        if self.members.rejoin(self.cluster, instance, version, self.latest_version):
+            self._out.append(Sync(instance))
+            self.cluster.syncing[instance] = True
+        self.counters.rejoined_instances += 1
+        self._dirty.add(instance)
+        self.admission.on_synced(instance, version)  # a collective update may now count it
 
     # ---------------------------------------------------------------- aborts and extraction
 

@@ -8,7 +8,10 @@ Events (what happened; a driver feeds them to `Core.step(now, events)`):
   Finished       an instance finished generating these trajectories (already in the server)
   Scored         a reward for one trajectory (or the reason it could not be scored)
   Extracted      an instance handed these trajectories back, partial (migration, recycling)
-  Failed         an instance died; what it held must be re-routed
+  Failed         an instance died; what it held must be re-routed (`rejoining`: its driver
+                 is starting a fresh one in its place)
+  Rejoined       the fresh instance in a failed one's place runs, empty, on weights `version`
+  RejoinFailed   no fresh instance will come: the failed one stays dead for the run
   Synced         an instance now generates with weights `version`
   Published      the trainer published weights `version`
 
@@ -65,6 +68,19 @@ class Extracted:
 class Failed:
     instance: int
     error: str
+    rejoining: bool = False  # a restart is under way: the run need not end if all are down
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejoined:
+    instance: int
+    version: int  # the weights the fresh instance pulled when it started
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RejoinFailed:
+    instance: int
+    error: str
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -78,7 +94,8 @@ class Published:
     version: int
 
 
-Event = InstanceState | Finished | Scored | Extracted | Failed | Synced | Published
+Event = (InstanceState | Finished | Scored | Extracted | Failed | Rejoined | RejoinFailed | Synced
+         | Published)
 
 
 # ---------------------------------------------------------------------------- commands

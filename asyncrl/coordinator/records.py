@@ -23,6 +23,7 @@ class Counters:
     filtered_groups: int = 0
     rerouted_after_failure: int = 0
     failed_instances: int = 0
+    rejoined_instances: int = 0  # fresh instances that took a failed one's place
 
 
 @dataclasses.dataclass

@@ -14,7 +14,9 @@ Timeouts, each naming the instance: the start (`start_timeout_s`: the actor's pr
 engine and first weights), every poll after it (`poll_wait_s + heartbeat_timeout_s`: an actor
 that stops answering is failed), the stop.
 A failed instance (dead actor, silent actor, an error it reported) is killed, so nothing it
-still sends can reach the server, and the core gets `Failed`: it re-routes what it held.
+still sends can reach the server, and the core gets `Failed`: it re-routes what it held. With
+a `Rejoiner` (`distributed.max_instance_restarts` > 0) a fresh actor and a fresh stand-in then
+take its place; this one stays failed, and its late reports are never applied.
 """
 
 from __future__ import annotations
@@ -45,8 +47,10 @@ class Timeouts:
 
 class RemoteInstance:
     def __init__(self, instance_id: int, actor, server: TrajectoryServer, reporter,
-                 publisher, timeouts: Timeouts, num_slots: int):
-        """`publisher` answers the actor's weight requests (`offer`, `pull_seconds`)."""
+                 publisher, timeouts: Timeouts, num_slots: int, rejoin=None):
+        """`publisher` answers the actor's weight requests (`offer`, `pull_seconds`);
+        `rejoin` (an `asyncrl.distributed.rejoin.Rejoiner`, or None: a failure is final)
+        restarts the instance once this stand-in has failed."""
         self.id, self.actor, self.name = instance_id, actor, f"rollout instance {instance_id}"
         self._server, self._reporter, self._publisher = server, reporter, publisher
         self.timeouts = timeouts
@@ -56,6 +60,8 @@ class RemoteInstance:
         self._unacked: dict[int, tuple[str, int]] = {}  # seq -> (command, trajectories)
         self._snapshot = Snapshot(-1, 0, 0, 0, num_slots, False, True, 0.0)
         self._failed = False
+        self._rejoin = rejoin
+        self.finished = 0  # trajectories this actor finished that the server took
         self._refused: set[int] = set()  # trajectories whose start or report the server refused
         self._closing = threading.Event()
         self._started_at: float | None = None
@@ -96,6 +102,12 @@ class RemoteInstance:
     @property
     def version(self) -> int:
         return self.snapshot().version
+
+    def unless_failed(self, action) -> bool:
+        """`action()`'s answer, run unless this instance has failed (then False). A failure
+        reports after whatever `action` sent: its report is made under the same lock."""
+        with self._lock:
+            return not self._failed and action()
 
     def snapshot(self) -> Snapshot:
         """The actor's last snapshot, with the commands it has not applied yet counted in (as
@@ -205,6 +217,7 @@ class RemoteInstance:
                 ids = tuple(t for t in item[1] if t not in self._refused)
                 self._refused.difference_update(item[1])
                 if ids:
+                    self.finished += len(ids) if kind == "finished" else 0
                     getattr(self._reporter, kind)(self.id, ids)
             elif kind == "synced":
                 self._reporter.synced(self.id, item[1])
@@ -228,12 +241,18 @@ class RemoteInstance:
                 return
             self._failed = True
             self._snapshot = dataclasses.replace(self._snapshot, alive=False)
-        pid = self.info.get("pid", "?")
-        message = f"{self.name} (Ray actor, pid {pid}) {reason}"
-        log.error("%s", message)
-        # Killed, not trusted: a silent actor may wake up and report work re-routed elsewhere.
-        try:
-            ray.kill(self.actor, no_restart=True)
-        except Exception as error:
-            log.warning("%s: kill: %s", self.name, error)
-        self._reporter.failed(self.id, InstanceLost(message))
+            pid = self.info.get("pid", "?")
+            message = f"{self.name} (Ray actor, pid {pid}) {reason}"
+            log.error("%s", message)
+            # Killed, not trusted: a silent actor may wake up and report work re-routed
+            # elsewhere. Before the report: whoever hears of the failure finds it dead.
+            try:
+                ray.kill(self.actor, no_restart=True)
+            except Exception as error:
+                log.warning("%s: kill: %s", self.name, error)
+            rejoining = self._rejoin is not None and self._rejoin.claim(self.id)
+            # Under the lock: a submit refused from here on (the driver reports that too)
+            # comes after this report, so the core learns first whether a restart is coming.
+            self._reporter.failed(self.id, InstanceLost(message), rejoining=rejoining)
+        if rejoining:
+            self._rejoin.respawn(self)

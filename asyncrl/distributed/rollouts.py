@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from asyncrl.distributed import transport_name
 from asyncrl.distributed.actor import InstanceActor, InstanceSpec
 from asyncrl.distributed.cluster import actor_environment, connect
+from asyncrl.distributed.rejoin import Rejoiner
 from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
 from asyncrl.drivers.local import LocalRollouts
@@ -112,20 +113,28 @@ class RayRollouts(LocalRollouts):
             resources={d.instance_resource: 1} if d.instance_resource else None,
             # poll, command and start run at once: start waits for an offer a command brings.
             max_concurrency=4,
-            # A restarted process would hold none of the work the core thinks it has: a
-            # failure is final for the run, and a resume starts fresh actors that pull again.
+            # Not Ray's restart: the driver respawns a failed actor behind a fresh stand-in
+            # (`asyncrl.distributed.rejoin` says why).
             max_restarts=0,
             runtime_env={"env_vars": actor_environment(c.mesh.devices_per_instance,
                                                        d.instance_platform)})
-        for i in range(c.mesh.rollout_instances):
-            # Created now, started later: their processes import JAX while this one builds.
-            actor = actor_class.remote(i, spec)
-            self.driver.instances.append(RemoteInstance(
-                i, actor, self.server, self.driver.reporter, self.parameters, timeouts,
-                c.rollout.num_slots))
+
+        def stand_in(i: int) -> RemoteInstance:
+            return RemoteInstance(i, actor_class.remote(i, spec), self.server,
+                                  self.driver.reporter, self.parameters, timeouts,
+                                  c.rollout.num_slots, rejoin=self.rejoiner)
+
+        n = c.mesh.rollout_instances
+        self.rejoiner = Rejoiner(d.max_instance_restarts, n, self.driver.instances,
+                                 self.driver.reporter, stand_in, d.start_timeout_s) \
+            if d.max_instance_restarts else None
+        # Created now, started later: their processes import JAX while this one builds.
+        self.driver.instances.extend(stand_in(i) for i in range(n))
 
     def stop(self) -> None:
         try:
+            if self.rejoiner is not None:  # first: no fresh actor joins a stopping driver
+                self.rejoiner.close(self.c.distributed.stop_timeout_s)
             super().stop()
         finally:
             self.parameters.close()
@@ -134,3 +143,12 @@ class RayRollouts(LocalRollouts):
     def pids(self) -> list[int | None]:
         """Each instance actor's process id, once started (tests kill one)."""
         return [i.info.get("pid") for i in self.instances]
+
+    def figures(self) -> dict[str, float]:
+        """LocalRollouts' figures, and per instance its restarts and the trajectories its
+        current actor finished (a restarted one counts from 0: what it did since it rejoined)."""
+        figures = super().figures()
+        for i, instance in enumerate(self.instances):
+            figures[f"instance{i}_restarts"] = float(self.rejoiner.restarts[i] if self.rejoiner else 0)
+            figures[f"instance{i}_finished"] = float(instance.finished)
+        return figures

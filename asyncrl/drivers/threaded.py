@@ -23,7 +23,7 @@ from asyncrl.coordinator.core import Core
 from asyncrl.coordinator.records import Batch
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, InstanceState, Published,
-                                          Score, Scored, Sync, Synced)
+                                          Rejoined, RejoinFailed, Score, Scored, Sync, Synced)
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import InstanceFailed, Trajectory, Work
 from asyncrl.servers.parameters import ParameterServer
@@ -52,8 +52,14 @@ class _Reporter:
     def extracted(self, instance, trajectory_ids):
         self._events.put(Extracted(instance, tuple(trajectory_ids)))
 
-    def failed(self, instance, error):
-        self._events.put(Failed(instance, f"{type(error).__name__}: {error}"))
+    def failed(self, instance, error, rejoining=False):
+        self._events.put(Failed(instance, f"{type(error).__name__}: {error}", rejoining))
+
+    def rejoined(self, instance, version):
+        self._events.put(Rejoined(instance, version))
+
+    def rejoin_failed(self, instance, error):
+        self._events.put(RejoinFailed(instance, error))
 
     def synced(self, instance, version):
         self._events.put(Synced(instance, version))

@@ -11,8 +11,8 @@ from asyncrl.coordinator.admission import build_admission
 from asyncrl.coordinator.core import Core
 from asyncrl.coordinator.records import AllInstancesFailed
 from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted, Failed,
-                                          Finished, InstanceState, Prompt, Published, Score,
-                                          Scored, Sync, Synced)
+                                          Finished, InstanceState, Prompt, Published, Rejoined,
+                                          RejoinFailed, Score, Scored, Sync, Synced)
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import StalenessError
 
@@ -333,3 +333,110 @@ def test_the_manager_rebinds_only_forward():
     sm.reserve("b", 0)
     assert sm.rebind("b", 1) and sm.v_traj("b") == 1  # its reservation (buffer 1) stays
     assert sm.occupy("b") == 1  # never below its V_traj
+
+
+# ---------------------------------------------------------------------------- rejoin
+
+
+class Instances:
+    """Plays the instances: each generates what it is given at once, with the weights it
+    holds, and checks that no token is older than its entry's V_traj."""
+
+    def __init__(self, core, server, held):
+        self.core, self.server, self.held = core, server, held  # instance -> version it holds
+        self.alive, self.floor = set(held), {}  # floor: the version an instance must hold for work
+        self.events, self.batches, self.given = [], [], {i: [] for i in held}
+
+    def apply(self, commands):
+        for c in commands:
+            if isinstance(c, Dispatch):
+                v = self.held[c.instance]
+                assert c.instance in self.alive, f"work for dead instance {c.instance}"
+                assert v >= self.floor.get(c.instance, 0) and v >= self.server.v_traj(c.entry)
+                for t in c.trajectory_ids:
+                    generate(self.server, t, c.instance, version=v)
+                self.given[c.instance].append(c)
+                self.events.append(Finished(c.instance, c.trajectory_ids))
+            elif isinstance(c, Sync):
+                self.held[c.instance] = self.core.latest_version
+                self.events.append(Synced(c.instance, self.held[c.instance]))
+            elif isinstance(c, Score):
+                self.events.append(Scored(c.trajectory_id, float(c.trajectory_id % 3)))
+            elif isinstance(c, BatchReady):
+                self.batches.append(self.core.take_batch(c.version))
+                self.events.append(Published(c.version + 1))
+
+    def step(self, *extra):
+        events, self.events = [*self.events, *extra, *(state(i, self.held[i]) for i in sorted(self.alive))], []
+        out = self.core.step(0.0, events)
+        self.apply(out)
+        return out
+
+    def until_version(self, version):
+        for _ in range(100):
+            if self.core.version >= version:
+                return
+            self.step()
+        raise AssertionError(f"stuck before batch {version}: {self.core.describe_wait(self.core.version)}")
+
+
+def test_a_rejoined_instance_starts_empty_and_gets_work_only_on_the_newest_weights():
+    eta = 2  # V_traj 1 could still land at version 2: only the rejoin's pull keeps it off 1
+    core, server = make_core(eta=eta, batch=2)
+    play = Instances(core, server, {0: 0, 1: 0})
+    first = core.step(0.0, [state(0), state(1)])
+    lost = sorted(t for d in of(Dispatch, first) if d.instance == 1 for t in d.trajectory_ids)
+    play.apply([c for c in first if not (isinstance(c, Dispatch) and c.instance == 1)])
+    play.alive.discard(1)  # killed before it ran anything: its work goes to instance 0
+    out = play.step(Failed(1, "kill -9", rejoining=True))
+    assert sorted(t for d in of(Dispatch, out) if d.resume for t in d.trajectory_ids) == lost
+    assert all(d.instance == 0 for d in of(Dispatch, out))
+    assert core.counters.failed_instances == 1
+    assert core.counters.rerouted_after_failure == len(lost) > 0
+    play.until_version(2)
+
+    # Its fresh actor pulled version 1 at its start; version 2 was published (the event is
+    # heard in this step, before the rejoin): it must pull 2 before it is given anything
+    # (`play` checks each dispatch against `floor`).
+    assert [e for e in play.events if isinstance(e, Published)] == [Published(2)]
+    play.held[1], play.floor[1] = 1, 2
+    play.alive.add(1)
+    out = play.step(Rejoined(1, 1))
+    assert core.latest_version == 2 and Sync(1) in out
+    assert 1 not in core.dead and core.counters.rejoined_instances == 1
+    assert not [d for d in of(Dispatch, out) if d.instance == 1]
+    before = len(play.given[1])
+    play.until_version(6)
+    assert len(play.given[1]) > before, "the rejoined instance was never given work"
+    assert core.counters.failed_instances == 1 and core.counters.rejoined_instances == 1
+
+    # Every entry consumed once, or still in flight, or aborted; each within η, and no token
+    # from weights older than its entry's V_traj.
+    consumed = [e for b in play.batches for e in b.entries]
+    assert len(consumed) == len(set(consumed)) == 6 * 2
+    assert set(consumed) | set(server.entries()) | set(core.aborted_ids) == set(range(core.next_entry_id))
+    for batch in play.batches:
+        for v, group in zip(batch.v_traj, batch.groups):
+            assert v <= batch.version <= v + eta
+            assert all(min(r.versions) >= v for r in group)
+
+
+def test_the_run_waits_for_a_restart_when_every_instance_is_down_and_ends_if_none_comes():
+    core, server = make_core(instances=1, eta=1, batch=2)
+    play = Instances(core, server, {0: 0})
+    first = core.step(0.0, [state(0)])
+    held = sorted(t for d in of(Dispatch, first) for t in d.trajectory_ids)
+    play.alive.discard(0)
+    assert play.step(Failed(0, "kill -9", rejoining=True)) == []  # waiting, not failing
+    assert "0 of 1 instances alive (1 restarting)" in core.describe_wait(0)
+    play.alive.add(0)
+    out = play.step(Rejoined(0, 0))
+    assert sorted(t for d in of(Dispatch, out) if d.resume for t in d.trajectory_ids) == held
+    play.until_version(2)
+    with pytest.raises(ValueError, match="rollout instance 0 rejoined, but the coordinator has no failure"):
+        core.step(0.0, [Rejoined(0, 2)])
+    play.alive.discard(0)
+    core.step(0.0, [Failed(0, "kill -9 again", rejoining=True)])
+    with pytest.raises(AllInstancesFailed, match="every rollout instance has failed and none is "
+                       "restarting; the last: restarts spent"):
+        core.step(0.0, [RejoinFailed(0, "restarts spent")])

@@ -1,6 +1,6 @@
 """The Ray backend on one loopback-only Ray cluster (one per module): addresses, the remote
-engine against the local one, named and watched weight pulls, and a run that loses an
-instance to kill -9."""
+engine against the local one, named and watched weight pulls, and a run that loses both
+instances to kill -9 and gets them back."""
 
 import logging
 import os
@@ -216,38 +216,53 @@ def test_a_silent_instance_fails_on_its_heartbeat_and_is_killed(ray_cluster):
 # ---------------------------------------------------------------------------- a run, kill -9
 
 
-def test_a_killed_instance_actor_has_its_work_rerouted_and_nothing_is_lost(ray_cluster, tmp_path, caplog):
+def test_killed_instance_actors_have_their_work_rerouted_and_rejoin_on_the_newest_weights(
+        ray_cluster, tmp_path, caplog):
+    # Instance 1 dies first: its work goes to instance 0. Then instance 0 dies too: every
+    # batch after that comes from the fresh actors that rejoined in their place, so the run
+    # completing proves they took work; their own counts say so too.
     killed = {}
 
-    def kill_instance_1_mid_run(rollouts):
+    def kill_both_mid_run(rollouts):
         def killer():
             deadline = time.monotonic() + 300
-            while time.monotonic() < deadline and not killed:
-                pid = rollouts.pids()[1]
-                held = rollouts.server.held_by(1)
-                if pid and rollouts.core.version >= 2 and held:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.update(pid=pid, held=len(held), at=time.time())
+            while time.monotonic() < deadline and len(killed) < 2:
+                pids = rollouts.pids()
+                if 1 not in killed and pids[1] and rollouts.core.version >= 2 and rollouts.server.held_by(1):
+                    os.kill(pids[1], signal.SIGKILL)
+                    killed[1] = dict(pid=pids[1], held=len(rollouts.server.held_by(1)), at=time.time())
+                elif 1 in killed and rollouts.core.counters.failed_instances == 1 \
+                        and rollouts.server.held_by(0):
+                    os.kill(pids[0], signal.SIGKILL)
+                    killed[0] = dict(pid=pids[0], held=len(rollouts.server.held_by(0)), at=time.time())
                 time.sleep(0.02)
 
         threading.Thread(target=killer, daemon=True).start()
 
-    caplog.set_level(logging.ERROR, logger="asyncrl.distributed.remote_instance")
+    caplog.set_level(logging.WARNING, logger="asyncrl.distributed")
     steps = 6
     results = run(tiny(train__steps=steps, eval__heldout_size=8, distributed__backend="ray",
-                       distributed__heartbeat_timeout_s=30.0),
-                  tmp_path, on_built=kill_instance_1_mid_run)
-    assert killed, "instance 1 was never killed"
+                       distributed__heartbeat_timeout_s=30.0, distributed__max_instance_restarts=1),
+                  tmp_path, on_built=kill_both_mid_run)
+    assert len(killed) == 2, f"killed only {killed}"
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert results["steps"] == steps
-    assert rows[-1]["failed_instances"] == 1
-    assert rows[-1]["rerouted_after_failure"] >= 1
-    seen = [r for r in caplog.records if f"rollout instance 1 (Ray actor, pid {killed['pid']})" in r.message]
-    assert seen, caplog.text
-    noticed_s = seen[0].created - killed["at"]
-    print(f"kill -9 of instance 1 (pid {killed['pid']}, holding {killed['held']}) noticed after "
-          f"{noticed_s:.2f} s; {rows[-1]['rerouted_after_failure']:.0f} re-routed")
-    assert noticed_s < 10, "the dead actor was noticed late"
+    last = rows[-1]
+    assert last["failed_instances"] == 2 and last["rejoined_instances"] == 2
+    assert last["rerouted_after_failure"] >= 1
+    for i in (0, 1):
+        assert last[f"instance{i}_restarts"] == 1
+        # Counted by the stand-in of the actor now in place i: the one that rejoined.
+        assert last[f"instance{i}_finished"] > 0, f"instance {i} did nothing after it rejoined"
+        failed = [r for r in caplog.records
+                  if f"rollout instance {i} (Ray actor, pid {killed[i]['pid']})" in r.message]
+        assert failed, caplog.text
+        noticed_s = failed[0].created - killed[i]["at"]
+        assert noticed_s < 10, f"the dead actor of instance {i} was noticed late"
+        rejoined = [r for r in caplog.records if f"rollout instance {i} rejoined: a fresh actor" in r.message]
+        assert rejoined, caplog.text
+        print(f"kill -9 of instance {i} (pid {killed[i]['pid']}, holding {killed[i]['held']}) noticed "
+              f"after {noticed_s:.2f} s; rejoined after {rejoined[0].created - killed[i]['at']:.1f} s")
     lags = [lag for r in rows for lag in r["staleness"]]
     assert all(0 <= lag <= 2 for lag in lags)  # η = 2 held throughout
     entries = [e for r in rows for e in r["entries"]]
