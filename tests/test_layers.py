@@ -37,10 +37,12 @@ RULES = {
     # A third driver of the same core: it may reuse the threaded one, never change the core.
     "asyncrl.distributed": ({"asyncrl.drivers", "asyncrl.coordinator", "asyncrl.servers",
                              "asyncrl.staleness", "asyncrl.rollout", "asyncrl.model",
-                             "asyncrl.train.trainer", "asyncrl.train.losses"}, set()),
+                             "asyncrl.train.trainer", "asyncrl.train.losses",
+                             "asyncrl.train.checkpoint", "asyncrl.placement"}, set()),
 }
-# Only the run (and the distributed package itself) may reach for the Ray backend.
-MAY_IMPORT_DISTRIBUTED = {"asyncrl.run", "asyncrl.config", "asyncrl.distributed"}
+# Only the run (and the distributed package itself) may reach for the Ray backend; main joins
+# the trainer group (asyncrl.distributed.trainer_group, no Ray) before JAX's backend starts.
+MAY_IMPORT_DISTRIBUTED = {"asyncrl.run", "asyncrl.config", "asyncrl.distributed", "asyncrl.main"}
 
 
 def module_name(path: pathlib.Path) -> str:
