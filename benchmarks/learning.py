@@ -61,11 +61,12 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
         command.append(f"--config.eval.every_steps={args.eval_every}")
     # A finished run with the same command is kept: seeds can be added over several sittings
     # (the same --workdir) without redoing, or losing, the runs already measured.
-    recorded = workdir / "command.json"
+    recorded = workdir / "benchmark_run.json"  # the command and its process time, once done
     if (workdir / "results.json").exists() and recorded.exists():
-        if json.loads(recorded.read_text()) == command[1:]:
+        earlier = json.loads(recorded.read_text())
+        if earlier["command"] == command[1:]:
             print(f"[learning] {variant} seed {seed}: reusing {workdir}", file=sys.stderr, flush=True)
-            return summarize(workdir, json.loads((workdir / "process_s.json").read_text()))
+            return summarize(workdir, earlier["process_s"])
         raise SystemExit(f"{workdir} holds a run made with another command than\n  "
                          f"{' '.join(command[1:])}\nchoose another --workdir")
     print(f"[learning] {variant} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
@@ -75,8 +76,7 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
     if done.returncode:
         raise RuntimeError(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}")
     process_s = time.perf_counter() - start
-    (workdir / "process_s.json").write_text(json.dumps(process_s))
-    recorded.write_text(json.dumps(command[1:]))
+    recorded.write_text(json.dumps({"command": command[1:], "process_s": process_s}))
     return summarize(workdir, process_s)
 
 
