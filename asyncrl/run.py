@@ -67,7 +67,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     Rollouts, placement = rollouts_for(c)
     trainer_mesh, rollout_meshes = placement(c.mesh)
     layout = describe_layout(trainer_mesh, rollout_meshes)
-    trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
+    trainer = trainer_for(c, policy, trainer_mesh)
     rollouts = Rollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
                          data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
@@ -78,8 +78,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     # ---------------------------------------------------------------- restore
     # 1. the latest checkpoint in workdir  2. scratch: the configured policy's weights.
     progress = Progress(c.train.steps)
-    ckpt, state, resume, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
-                                                  initial_params=policy.params)
+    ckpt, state, resume, source = restore(c, trainer, policy, workdir)
     group = TrainerGroup(trainer, ckpt)
     progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
@@ -216,13 +215,23 @@ def follow_group(c, workdir: pathlib.Path) -> None:
     policy = load_policy(c.model)
     _, placement = rollouts_for(c)
     trainer_mesh, _ = placement(c.mesh)
-    trainer = Trainer.create(train_config(c), policy.config, trainer_mesh, c.rollout.group_size)
-    ckpt, state, _, source = restore_or_init(trainer, workdir, keep=c.checkpoint.keep,
-                                             initial_params=policy.params)
+    trainer = trainer_for(c, policy, trainer_mesh)
+    ckpt, state, _, source = restore(c, trainer, policy, workdir)
     # The console's one line from this process (as process 0's progress notes): where it began.
     print(f"trainer group process {jax.process_index()}: {source}; following process 0",
           file=sys.stderr)
     follow(trainer, ckpt, state)
+
+
+# The lead and the followers of a trainer group build and restore the trainer through these
+# two alone: a trainer that differed between processes would hang or garble the collectives.
+def trainer_for(c, policy, mesh) -> Trainer:
+    return Trainer.create(train_config(c), policy.config, mesh, c.rollout.group_size)
+
+
+def restore(c, trainer: Trainer, policy, workdir: pathlib.Path):
+    """The latest checkpoint in workdir, else the configured policy's weights."""
+    return restore_or_init(trainer, workdir, keep=c.checkpoint.keep, initial_params=policy.params)
 
 
 def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:
