@@ -157,7 +157,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
               f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
               f"responses = {sequences} sequences must split evenly into micro-batches × "
               f"mesh.trainer_devices ({config.mesh.trainer_devices}){group}")
-    _validate_distributed(config)
+    validate_distributed(config)
     _check_devices(config, device_count, processes, process_index)
     checkpoint = config.model.checkpoint
     if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
@@ -207,7 +207,9 @@ def _check_devices(config, device_count: int, processes: int = 1, process_index:
           f"{k} instances on the first mesh.trainer_devices ({t}) devices)")
 
 
-def _validate_distributed(config) -> None:
+def validate_distributed(config) -> None:
+    """The `distributed` section alone: main checks it before it starts Ray or a trainer
+    group, which happen before JAX (and so the rest of `validate`) can run."""
     d = config.distributed
     if d.backend not in BACKENDS:
         _fail("distributed.backend", d.backend, f"one of {', '.join(BACKENDS)}")
@@ -220,7 +222,20 @@ def _validate_distributed(config) -> None:
     for field in ("ray_num_cpus", "ray_object_store_mb", "num_processes",
                   "max_instance_restarts"):
         _int_at_least(config, f"distributed.{field}", 0)
-    for field in ("instance_cpus", "instance_gpus"):
+    _int_at_least(config, "distributed.trainer_processes", 1)
+    if d.trainer_processes > 1:
+        if d.backend != "ray":
+            _fail("distributed.trainer_processes", d.trainer_processes,
+                  f"1 with distributed.backend={d.backend!r}: the other trainer processes are "
+                  "Ray actors (backend='ray'); without Ray start every process yourself "
+                  "(distributed.num_processes, process_id, coordinator_address)")
+        for field, unset in (("num_processes", 0), ("process_id", -1), ("coordinator_address", "")):
+            if _get(config, f"distributed.{field}") != unset:
+                _fail("distributed.trainer_processes", d.trainer_processes,
+                      f"1 when distributed.{field} is set ({_get(config, f'distributed.{field}')!r}):"
+                      " trainer_processes > 1 has the driver spawn its group as Ray actors, "
+                      f"distributed.{field} is for a group whose every process runs the command")
+    for field in ("instance_cpus", "instance_gpus", "trainer_cpus", "trainer_gpus"):
         value = _get(config, f"distributed.{field}")
         if not isinstance(value, (int, float)) or isinstance(value, bool) or value < 0:
             _fail(f"distributed.{field}", value, "expected a number ≥ 0 (Ray resources)")
@@ -231,9 +246,10 @@ def _validate_distributed(config) -> None:
         _fail("distributed.heartbeat_timeout_s", d.heartbeat_timeout_s,
               f"must exceed distributed.poll_wait_s ({d.poll_wait_s}): an idle actor answers "
               "only that often")
-    if not isinstance(d.instance_resource, str):
-        _fail("distributed.instance_resource", d.instance_resource,
-              "'' or the name of a custom Ray resource (`ray start --resources`)")
+    for field in ("instance_resource", "trainer_resource"):
+        if not isinstance(_get(config, f"distributed.{field}"), str):
+            _fail(f"distributed.{field}", _get(config, f"distributed.{field}"),
+                  "'' or the name of a custom Ray resource (`ray start --resources`)")
     if not d.ray_address or not isinstance(d.ray_address, str):
         _fail("distributed.ray_address", d.ray_address,
               "'local' (a loopback-only head in this process), 'auto' or 'host:port'")

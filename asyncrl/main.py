@@ -34,11 +34,12 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     import jax  # here, not at the top: a bad flag is reported without waiting for JAX
 
-    from asyncrl.distributed.trainer_group import initialize
+    from asyncrl.distributed.trainer_actors import form_group
 
-    # A trainer group (distributed.* or JAX_*): joined before anything starts JAX's backend
-    # (importing the run may), which then sees every process's devices. One process: no-op.
-    initialize(_CONFIG.value.distributed)
+    # A trainer group (distributed.* or JAX_*, or trainer_processes: followers this process
+    # starts as Ray actors): joined before anything starts JAX's backend (importing the run
+    # may), which then sees every process's devices. One process: nothing to join.
+    group = form_group(_CONFIG.value, _WORKDIR.value)
     from asyncrl.run import run
 
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
@@ -51,7 +52,8 @@ def main(argv):
 
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
-    run(_CONFIG.value, _WORKDIR.value, stop=stop)
+    with group:  # then the followers' ends are awaited and their errors surfaced
+        run(_CONFIG.value, _WORKDIR.value, stop=stop)
 
 
 if __name__ == "__main__":

@@ -166,6 +166,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.distributed.coordinator_address = ""
     c.distributed.num_processes = 0
     c.distributed.process_id = -1
+    # backend='ray' alone: the trainer as a group of this many processes, the driver being
+    # process 0 and the others Ray actors it starts (one per host when the hosts carry
+    # trainer_resource), joined as one jax.distributed job. 1: the driver alone. Not with the
+    # three fields above (those are for starting every process yourself).
+    c.distributed.trainer_processes = 1
+    c.distributed.trainer_cpus = 1.0  # Ray resources each follower trainer actor asks for
+    c.distributed.trainer_gpus = 0.0
+    # One unit of this custom resource per follower ('': any node): only nodes started with
+    # it (`ray start --resources='{"asyncrl_trainer": 1}'`) host the trainer's processes.
+    c.distributed.trainer_resource = ""
 
     if arg.tiny:
         c.model.checkpoint = "random"

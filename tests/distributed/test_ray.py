@@ -2,11 +2,15 @@
 engine against the local one, named and watched weight pulls, and a run that loses both
 instances to kill -9 and gets them back."""
 
+import json
 import logging
 import os
+import pathlib
 import queue
 import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,7 +20,7 @@ import pytest
 import ray
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from asyncrl.config import with_overrides
+from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.coordinator.messages import Finished
 from asyncrl.distributed.actor import InstanceActor, InstanceSpec
 from asyncrl.distributed.cluster import actor_environment, is_loopback, reported_addresses, start_local
@@ -35,6 +39,9 @@ from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.run import run
 from asyncrl.servers.trajectory import TrajectoryServer
 from experiments.grpo import get_config
+from tests.test_system import assert_every_entry_accounted_once
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def tiny(**changes):
@@ -270,3 +277,57 @@ def test_killed_instance_actors_have_their_work_rerouted_and_rejoin_on_the_newes
     protocol = results["protocol"]
     accounted = set(entries) | set(protocol["unconsumed"]) | set(protocol["aborted"])
     assert accounted == set(range(protocol["next_entry_id"])), "an entry was lost"
+
+
+# ---------------------------------------------------------------------------- the trainer as actors
+
+
+def test_trainer_processes_are_checked_naming_the_field():
+    with pytest.raises(ConfigError, match=r"config.distributed.trainer_processes = 0 is not "
+                       r"allowed: expected an int ≥ 1"):
+        validate(tiny(distributed__backend="ray", distributed__trainer_processes=0), 8)
+    with pytest.raises(ConfigError, match=r"config.distributed.trainer_processes = 2 is not "
+                       r"allowed: 1 with distributed.backend='local'"):
+        validate(tiny(distributed__trainer_processes=2), 8)
+    for field, value in [("num_processes", 2), ("process_id", 0),
+                         ("coordinator_address", "127.0.0.1:1234")]:
+        with pytest.raises(ConfigError, match=rf"config.distributed.trainer_processes = 2 is not "
+                           rf"allowed: 1 when distributed.{field} is set"):
+            validate(tiny(distributed__backend="ray", distributed__trainer_processes=2,
+                          **{f"distributed__{field}": value}), 8)
+    for field in ("trainer_cpus", "trainer_gpus"):
+        with pytest.raises(ConfigError, match=rf"config.distributed.{field} = -1.0 is not allowed"):
+            validate(tiny(**{f"distributed__{field}": -1.0}), 8)
+    with pytest.raises(ConfigError, match=r"config.distributed.trainer_resource = 3 is not allowed"):
+        validate(tiny(distributed__trainer_resource=3), 8)
+    validate(tiny(distributed__backend="ray", distributed__trainer_processes=2), 8)
+
+
+def test_the_driver_runs_its_trainer_group_with_a_follower_it_starts_as_a_ray_actor(tmp_path):
+    # A process of its own: the driver joins jax.distributed before its JAX backend starts,
+    # which in this test process has long started. It starts its own loopback Ray head.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")  # trainer part, evaluation
+    command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
+               f"--workdir={tmp_path}", "--config.train.steps=2", "--config.eval.heldout_size=8",
+               "--config.distributed.backend=ray", "--config.distributed.trainer_processes=2",
+               # the follower and two instances, one CPU each, on a machine that may have two
+               "--config.distributed.ray_num_cpus=4"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert results["steps"] == 2 and "after" in results
+    # One trainer mesh: this process's device 0 and a device of the follower's process.
+    other = re.search(r"trainer \[0,(\d+)\]", results["placement"])
+    assert other and int(other.group(1)) >= 2, results["placement"]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(np.isfinite(r["loss"]) for r in rows)
+    assert_every_entry_accounted_once(rows, results["protocol"])
+    group = re.search(r"trainer group of 2 processes: coordinator (\S+):\d+; Ray reports "
+                      r"([^;]+); process 1: pid \d+ on (\S+)", done.stderr)
+    assert group, done.stderr[-4000:]
+    addresses = [group.group(1), *group.group(2).split(", "), group.group(3)]
+    assert all(is_loopback(a) for a in addresses), addresses
+    assert "trainer group process 1: " in done.stderr  # the follower's own line, via Ray

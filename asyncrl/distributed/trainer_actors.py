@@ -1,0 +1,239 @@
+"""The trainer group as Ray actors: the driver is process 0 of a jax.distributed job and starts
+the other processes itself (distributed.trainer_processes > 1, backend='ray').
+
+    with form_group(c, workdir):   # this process joined (as process 0 when there are actors)
+        run(c, workdir)            # process 0 leads the trainer's collectives (asyncrl/run.py)
+
+Order matters: `jax.distributed.initialize` must run here before JAX's backend starts, and it
+blocks until every process has joined. So Ray is connected first (the same `connect` the
+rollouts use, which then finds it connected and leaves it to us), the follower actors are
+placed and each answers `ready` within distributed.start_timeout_s (a follower Ray cannot
+place fails here, naming its resources, rather than as a join timeout), their `follow` calls
+are sent, and only then does this process join as process 0.
+
+A follower runs what a process started by hand runs: `initialize` with its id, then `run`,
+which in a process > 0 checks its devices and calls `follow_group` until the lead says stop.
+Its relative paths (the workdir, a checkpoint folder) are the driver's: it works in the
+driver's directory, which on other hosts must exist there too (a shared filesystem, as the
+checkpoints of any trainer group need).
+
+The end: the driver waits for each follower's `follow` (distributed.stop_timeout_s, naming the
+actor), then the group leaves jax.distributed together (its shutdown is a barrier over every
+process), then the actors are killed. A follower that dies mid-run breaks the lead's next
+collective (gloo's connection, else JAX's heartbeat): the lead's run fails with
+TrainerGroupError; a watcher logs the follower's own end as soon as Ray reports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import sys
+import threading
+
+log = logging.getLogger(__name__)
+
+
+class TrainerFollower:
+    """Trainer-group process `index` (> 0), in a Ray actor. Its environment (device count,
+    platform, this asyncrl on the path) is set before the process imports JAX."""
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def ready(self) -> dict:
+        import ray
+
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
+    def follow(self, config, workdir: str, group, cwd: str) -> None:
+        """Joins the group as process `group.process_id` and follows process 0 until it says
+        stop (returns) or fails (raises TrainerGroupError)."""
+        if os.path.isdir(cwd):
+            os.chdir(cwd)
+        from asyncrl.distributed.trainer_group import initialize
+
+        initialize(group)  # before importing the run: that may start JAX's backend
+        from asyncrl.run import run
+
+        run(config, workdir)
+
+    def leave(self) -> None:
+        """Leaves jax.distributed, at the same time as every other process (a barrier)."""
+        import jax
+
+        jax.distributed.shutdown()
+
+
+@dataclasses.dataclass
+class Follower:
+    index: int
+    actor: object
+    info: dict
+    ref: object = None  # the running `follow` call
+
+    def name(self, n: int) -> str:
+        return (f"trainer actor {self.index} (trainer-group process {self.index} of {n}, pid "
+                f"{self.info.get('pid')} on {self.info.get('node')})")
+
+
+class Group:
+    """This process's place in the trainer group; a context manager around the run."""
+
+    def __init__(self, n: int = 1, followers: list[Follower] | None = None, cluster=None,
+                 stop_timeout_s: float = 30.0):
+        self.n, self.followers, self.cluster = n, followers or [], cluster
+        self.stop_timeout_s = stop_timeout_s
+        self._finishing = threading.Event()
+        if self.followers:
+            threading.Thread(target=self._watch, name="trainer-actors-watch", daemon=True).start()
+
+    def __enter__(self) -> "Group":
+        return self
+
+    def __exit__(self, kind, error, traceback) -> None:
+        self.finish(failed=error is not None)
+
+    def _watch(self) -> None:
+        """Reports a follower whose `follow` ended while the run still goes on: its error is
+        the cause of the lead's broken collective, which by itself only says 'a process'."""
+        import ray
+
+        pending = {f.ref: f for f in self.followers}
+        while pending and not self._finishing.is_set():
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+            for ref in done:
+                follower = pending.pop(ref)
+                if self._finishing.is_set():
+                    return
+                try:
+                    ray.get(ref)
+                    log.error("%s left the trainer group before the run ended", follower.name(self.n))
+                except Exception as error:  # noqa: BLE001 - reported, the lead's run fails on it
+                    log.error("%s failed during the run: %s", follower.name(self.n),
+                              _first_line(error))
+
+    def finish(self, failed: bool) -> None:
+        """Waits for every follower, leaves the group, frees the actors and (if this process
+        started it) Ray. A follower's error is raised unless the lead's own is in flight."""
+        if not self.followers:
+            return
+        import jax
+        import ray
+
+        from asyncrl.distributed.trainer_ops import TrainerGroupError
+
+        self._finishing.set()
+        errors, broken = [], False
+        try:
+            for follower in self.followers:
+                try:
+                    ray.get(follower.ref, timeout=self.stop_timeout_s)
+                except ray.exceptions.GetTimeoutError:
+                    broken = True
+                    errors.append(f"{follower.name(self.n)} did not return within "
+                                  f"distributed.stop_timeout_s = {self.stop_timeout_s} s; killed")
+                except ray.exceptions.RayActorError as error:
+                    broken = True
+                    errors.append(f"{follower.name(self.n)} died: {_first_line(error)}")
+                except Exception as error:  # noqa: BLE001 - its message is passed on
+                    errors.append(f"{follower.name(self.n)} failed: {_first_line(error)}")
+            if not broken:
+                # Every process is alive and out of the run: the shutdown barrier completes.
+                leaving = [f.actor.leave.remote() for f in self.followers]
+                jax.distributed.shutdown()
+                try:
+                    ray.get(leaving, timeout=self.stop_timeout_s)
+                except Exception as error:  # noqa: BLE001 - the run itself is over
+                    log.warning("trainer actors: leaving jax.distributed: %s", _first_line(error))
+        finally:
+            for follower in self.followers:
+                ray.kill(follower.actor)
+            self.cluster.close()
+        for message in errors:
+            log.error("%s", message)
+        if errors and not failed:
+            raise TrainerGroupError("trainer group: " + "; ".join(errors))
+
+
+def form_group(c, workdir: str) -> Group:
+    """Joins this process to its trainer group before JAX's backend starts: as process 0 of
+    distributed.trainer_processes, after starting the other processes as Ray actors; or as
+    distributed.* / JAX_* say (one process: nothing to join)."""
+    from asyncrl.config import validate_distributed
+    from asyncrl.distributed.trainer_group import initialize
+
+    validate_distributed(c)  # before Ray starts: a bad field costs nothing
+    d = c.distributed
+    if d.trainer_processes <= 1:
+        initialize(d)
+        return Group()
+    import ray
+
+    from asyncrl.distributed.cluster import actor_environment, connect, reported_addresses
+    from asyncrl.distributed.trainer_group import GroupSettings
+
+    n = d.trainer_processes
+    cluster = connect(d)
+    followers: list[Follower] = []
+    try:
+        address = coordinator_address(loopback=d.ray_address == "local")
+        actor_class = ray.remote(TrainerFollower).options(
+            num_cpus=d.trainer_cpus, num_gpus=d.trainer_gpus,
+            resources={d.trainer_resource: 1} if d.trainer_resource else None,
+            # A follower's failure fails the group (JAX cannot take a process back mid-job):
+            # no restart; the whole run is restarted and resumes from its checkpoint.
+            max_restarts=0,
+            # This process's platform: one jax.distributed job runs on one.
+            runtime_env={"env_vars": actor_environment(c.mesh.trainer_devices,
+                                                       os.environ.get("JAX_PLATFORMS", ""))})
+        actors = [actor_class.remote(i) for i in range(1, n)]
+        resources = (f"distributed.trainer_cpus = {d.trainer_cpus}, trainer_gpus = "
+                     f"{d.trainer_gpus}, trainer_resource = {d.trainer_resource!r}")
+        for i, actor in enumerate(actors, 1):
+            try:
+                info = ray.get(actor.ready.remote(), timeout=d.start_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise TimeoutError(
+                    f"trainer actor {i} (trainer-group process {i} of {n}) was not placed and "
+                    f"started within distributed.start_timeout_s = {d.start_timeout_s} s: does "
+                    f"the Ray cluster have a node with {resources} free?") from None
+            followers.append(Follower(i, actor, info))
+        absolute = os.path.abspath(workdir)
+        for f in followers:
+            f.ref = f.actor.follow.remote(c, absolute, GroupSettings(address, n, f.index),
+                                          os.getcwd())
+        # The console's line about the group (tests read its addresses).
+        print(f"trainer group of {n} processes: coordinator {address}; Ray reports "
+              f"{', '.join(reported_addresses())}; "
+              + "; ".join(f"process {f.index}: pid {f.info['pid']} on {f.info['node']}"
+                          for f in followers), file=sys.stderr, flush=True)
+        initialize(GroupSettings(address, n, 0), timeout_s=int(d.start_timeout_s))
+    except BaseException:
+        for f in followers:
+            ray.kill(f.actor)
+        cluster.close()
+        raise
+    return Group(n, followers, cluster, d.stop_timeout_s)
+
+
+def coordinator_address(loopback: bool) -> str:
+    """'host:port' for the group's coordinator, in this process: 127.0.0.1 on a loopback-only
+    cluster (it then listens there alone), else this node's address as Ray knows it (the one
+    the other hosts reach it by). The port is free now; JAX binds it moments later."""
+    import ray
+
+    host = "127.0.0.1" if loopback else ray.util.get_node_ip_address()
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host if loopback else "", 0))
+        port = s.getsockname()[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _first_line(error: BaseException) -> str:
+    # A failed Ray call's error leads with Ray's own header; the follower's exception is its cause.
+    error = getattr(error, "cause", None) or error
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0][:300] if text else ''}"
