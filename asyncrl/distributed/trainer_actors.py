@@ -20,8 +20,9 @@ checkpoints of any trainer group need).
 The end: the driver waits for each follower's `follow` (distributed.stop_timeout_s, naming the
 actor), then the group leaves jax.distributed together (its shutdown is a barrier over every
 process), then the actors are killed. A follower that dies mid-run breaks the lead's next
-collective (gloo's connection, else JAX's heartbeat): the lead's run fails with
-TrainerGroupError; a watcher logs the follower's own end as soon as Ray reports it.
+collective (its connections close; else JAX's heartbeat ends it): the lead's run fails with
+TrainerGroupError. One that fails but lives is logged and killed by a watcher, to the same
+effect.
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ class Group:
         self.n, self.followers, self.cluster = n, followers or [], cluster
         self.stop_timeout_s = stop_timeout_s
         self._finishing = threading.Event()
+        self._lock = threading.Lock()  # the watcher kills no actor once finish has begun
+        self._killed: set[int] = set()
         if self.followers:
             threading.Thread(target=self._watch, name="trainer-actors-watch", daemon=True).start()
 
@@ -97,23 +100,32 @@ class Group:
         self.finish(failed=error is not None)
 
     def _watch(self) -> None:
-        """Reports a follower whose `follow` ended while the run still goes on: its error is
-        the cause of the lead's broken collective, which by itself only says 'a process'."""
+        """A follower whose `follow` raised while the run goes on: its error is logged (the
+        lead's broken collective only says 'another process') and its actor killed. Alive but
+        out of the group, it would leave the lead waiting in a collective that JAX's heartbeat
+        cannot end; dead, its connections close and the lead's collective fails at once."""
         import ray
 
         pending = {f.ref: f for f in self.followers}
-        while pending and not self._finishing.is_set():
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
-            for ref in done:
-                follower = pending.pop(ref)
-                if self._finishing.is_set():
-                    return
-                try:
-                    ray.get(ref)
-                    log.error("%s left the trainer group before the run ended", follower.name(self.n))
-                except Exception as error:  # noqa: BLE001 - reported, the lead's run fails on it
-                    log.error("%s failed during the run: %s", follower.name(self.n),
-                              _first_line(error))
+        try:
+            while pending and not self._finishing.is_set():
+                done, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)
+                for ref in done:
+                    follower = pending.pop(ref)
+                    try:
+                        ray.get(ref)  # returned: process 0 said stop, as it should
+                    except Exception as error:  # noqa: BLE001 - reported; the lead fails on it
+                        with self._lock:
+                            if self._finishing.is_set():
+                                return
+                            log.error("%s failed during the run: %s; killing it so that the "
+                                      "lead's collectives fail rather than wait for it",
+                                      follower.name(self.n), _first_line(error))
+                            self._killed.add(follower.index)
+                            ray.kill(follower.actor)
+        except Exception as error:  # noqa: BLE001 - a watcher must not outlive Ray noisily
+            if not self._finishing.is_set():
+                log.warning("trainer actors: the watcher stopped: %s", _first_line(error))
 
     def finish(self, failed: bool) -> None:
         """Waits for every follower, leaves the group, frees the actors and (if this process
@@ -125,8 +137,10 @@ class Group:
 
         from asyncrl.distributed.trainer_ops import TrainerGroupError
 
-        self._finishing.set()
-        errors, broken = [], False
+        with self._lock:
+            self._finishing.set()
+        # A killed follower cannot join the shutdown barrier.
+        errors, broken = [], bool(self._killed)
         try:
             for follower in self.followers:
                 try:
