@@ -298,8 +298,6 @@ def test_trainer_processes_are_checked_naming_the_field():
     for field in ("trainer_cpus", "trainer_gpus"):
         with pytest.raises(ConfigError, match=rf"config.distributed.{field} = -1.0 is not allowed"):
             validate(tiny(**{f"distributed__{field}": -1.0}), 8)
-    with pytest.raises(ConfigError, match=r"config.distributed.trainer_resource = 3 is not allowed"):
-        validate(tiny(distributed__trainer_resource=3), 8)
     validate(tiny(distributed__backend="ray", distributed__trainer_processes=2), 8)
 
 
