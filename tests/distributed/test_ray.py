@@ -313,6 +313,7 @@ def test_the_driver_runs_its_trainer_group_with_a_follower_it_starts_as_a_ray_ac
                # the follower and two instances, one CPU each, on a machine that may have two
                "--config.distributed.ray_num_cpus=4"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    (tmp_path / "run.log").write_text(done.stderr)  # whole, for a failure's earlier lines
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     rows = read_metrics(tmp_path / "metrics.jsonl")
