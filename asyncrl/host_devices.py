@@ -14,3 +14,12 @@ def split_cpu_host(count: int) -> None:
     flags = os.environ.get("XLA_FLAGS", "")
     if _DEVICE_FLAG not in flags:
         os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={count}".strip()
+
+
+def cpu_device_count(environ=os.environ) -> int | None:
+    """The CPU device count XLA_FLAGS sets (None: not set), e.g. to give another process of
+    this job the same."""
+    for flag in environ.get("XLA_FLAGS", "").split():
+        if flag.startswith(_DEVICE_FLAG + "="):
+            return int(flag.split("=", 1)[1])
+    return None

@@ -34,7 +34,7 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     import jax  # here, not at the top: a bad flag is reported without waiting for JAX
 
-    from asyncrl.distributed.trainer_actors import form_group
+    from asyncrl.trainer_actors import form_group
 
     # A trainer group (distributed.* or JAX_*, or trainer_processes: followers this process
     # starts as Ray actors): joined before anything starts JAX's backend (importing the run

@@ -28,6 +28,7 @@ from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested
+from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
 from asyncrl.metrics import MetricsWriter
@@ -59,6 +60,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     # ---------------------------------------------------------------- build
     # Each process is checked for its own devices: see asyncrl/placement.py.
     config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
+    check_devices_per_process()
     if jax.process_index() > 0:
         follow_group(c, workdir)
         return {}

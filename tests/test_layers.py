@@ -1,7 +1,7 @@
 """The layering the design promises, read from the source: which package may import which,
 no import cycles, and a config check that loads no JAX.
 
-    staleness ← servers ← coordinator ← drivers, sim ← run ← main;  drivers ← distributed ← run
+    staleness ← servers ← coordinator ← drivers, sim ← run ← trainer_actors ← main;  drivers ← distributed ← run
     model ← rollout;  model ← train;  the coordinator knows no JAX, no threads, no model
     Ray: only asyncrl.distributed imports it, and only a run configured for it loads it
 """
@@ -42,7 +42,9 @@ RULES = {
 }
 # Only the run (and the distributed package itself) may reach for the Ray backend; main joins
 # the trainer group (asyncrl.distributed.trainer_group, no Ray) before JAX's backend starts.
-MAY_IMPORT_DISTRIBUTED = {"asyncrl.run", "asyncrl.config", "asyncrl.distributed", "asyncrl.main"}
+# asyncrl.trainer_actors starts the job's processes, as main does: it sits above the run.
+MAY_IMPORT_DISTRIBUTED = {"asyncrl.run", "asyncrl.config", "asyncrl.distributed", "asyncrl.main",
+                          "asyncrl.trainer_actors"}
 
 
 def module_name(path: pathlib.Path) -> str:

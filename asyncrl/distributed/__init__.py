@@ -8,7 +8,6 @@
     cluster.py          joining or starting a Ray cluster (loopback-only on one machine)
     trainer_group.py    jax.distributed for a trainer spread over processes and hosts
     trainer_ops.py      the run's trainer collectives: process 0 leads, the others follow
-    trainer_actors.py   the trainer group's other processes as Ray actors the driver starts
 
 Import-light on purpose: the config check reads the names below without loading Ray or JAX.
 """

@@ -123,6 +123,25 @@ def _sum_over_processes(mesh):
             NamedSharding(one_each, P("processes")))
 
 
+def check_devices_per_process() -> None:
+    """Every process of a group must have as many devices as the others: JAX's multi-process
+    helpers and Orbax's barriers lay the devices out as processes × local devices, and fail
+    deep inside ("cannot reshape array") when the counts differ."""
+    import collections
+
+    import jax
+
+    counts = collections.Counter(device.process_index for device in jax.devices())
+    if len(set(counts.values())) > 1:
+        from asyncrl.config_args import ConfigError
+
+        each = ", ".join(f"process {p}: {n}" for p, n in sorted(counts.items()))
+        raise ConfigError(
+            f"trainer group: every process needs the same number of devices ({each}); on a "
+            "CPU give each the same XLA_FLAGS=--xla_force_host_platform_device_count, on GPUs "
+            "the same number of visible GPUs")
+
+
 def gather(tree):
     """Every process's shards joined into full host arrays, on every process."""
     from jax.experimental import multihost_utils

@@ -95,11 +95,12 @@ def test_two_processes_train_like_one():
     assert seen == {"127.0.0.1"}, f"the coordinator listened on {seen}"
 
 
-def main_process(workdir, port: int, process_id: int, *flags: str) -> subprocess.Popen:
+def main_process(workdir, port: int, process_id: int, *flags: str, devices: int = 3
+                 ) -> subprocess.Popen:
     """One process of a two-process run; 3 CPU devices each: process 0 puts its trainer part
     on one and an instance on each other, process 1 gives the trainer its first."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=3"}
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
     command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
                f"--workdir={workdir}", "--config.eval.heldout_size=8",
                "--config.distributed.num_processes=2",
@@ -155,3 +156,15 @@ def test_a_group_with_too_few_local_devices_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"config.train.num_microbatches = 1 .* "
                        r"mesh.trainer_devices \(3\) × 2 processes"):
         validate(tiny(mesh__trainer_devices=3), device_count=8, processes=2, process_index=0)
+
+
+def test_a_group_whose_processes_have_unequal_device_counts_is_refused_by_both(tmp_path):
+    # JAX's multi-process helpers and Orbax's barriers need equal counts: said before them.
+    port = free_port()
+    processes = [main_process(tmp_path, port, i, devices=3 - 2 * i) for i in range(2)]
+    for i, p in enumerate(processes):
+        output = p.communicate(timeout=300)[0]
+        assert p.returncode != 0, f"process {i}:\n{output[-3000:]}"
+        assert "every process needs the same number of devices (process 0: 3, process 1: 1)" \
+            in output, f"process {i}:\n{output[-3000:]}"
+        assert "Traceback" not in output, output[-3000:]

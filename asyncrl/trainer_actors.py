@@ -188,6 +188,7 @@ def form_group(c, workdir: str) -> Group:
 
     from asyncrl.distributed.cluster import actor_environment, connect, reported_addresses
     from asyncrl.distributed.trainer_group import GroupSettings
+    from asyncrl.host_devices import cpu_device_count
 
     n = d.trainer_processes
     cluster = connect(d)
@@ -200,9 +201,10 @@ def form_group(c, workdir: str) -> Group:
             # A follower's failure fails the group (JAX cannot take a process back mid-job):
             # no restart; the whole run is restarted and resumes from its checkpoint.
             max_restarts=0,
-            # This process's platform: one jax.distributed job runs on one.
-            runtime_env={"env_vars": actor_environment(c.mesh.trainer_devices,
-                                                       os.environ.get("JAX_PLATFORMS", ""))})
+            # This process's platform (one jax.distributed job runs on one) and, on a CPU,
+            # its device count: JAX's and Orbax's multi-process collectives need equal counts.
+            runtime_env={"env_vars": actor_environment(
+                cpu_device_count() or c.mesh.trainer_devices, os.environ.get("JAX_PLATFORMS", ""))})
         actors = [actor_class.remote(i) for i in range(1, n)]
         resources = (f"distributed.trainer_cpus = {d.trainer_cpus}, trainer_gpus = "
                      f"{d.trainer_gpus}, trainer_resource = {d.trainer_resource!r}")
