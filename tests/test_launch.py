@@ -85,6 +85,34 @@ def test_tpu_vms_dry_run_creates_sets_up_starts_runs_and_tears_down():
     assert lines[-1] == f"{tpu} delete rl {where} --quiet"
 
 
+
+def test_tpu_vms_dry_run_with_a_slice_per_role_forms_the_trainer_group_on_its_own_slice():
+    lines = dry_run("tpu_vms.sh", "all", "--name=rl-rollout", "--type=v4-32", "--hosts=4",
+                    "--chips=4", "--trainer-slice=rl-train", "--trainer-type=v4-16",
+                    "--trainer-hosts=2", "--zone=z")
+    tpu = "gcloud compute tpus tpu-vm"
+    assert lines[:2] == [f"{tpu} create rl-train --zone=z --accelerator-type=v4-16 --version=tpu-ubuntu2204-base",
+                         f"{tpu} create rl-rollout --zone=z --accelerator-type=v4-32 --version=tpu-ubuntu2204-base"]
+    for slice in ("rl-train", "rl-rollout"):  # both set up, given the token, stopped, deleted
+        assert f"{tpu} scp /tmp/asyncrl.tgz {slice}:asyncrl.tgz --zone=z --worker=all" in lines
+        assert any(l.startswith(f"{tpu} scp ") and f"{slice}:ray_auth_token" in l for l in lines)
+        assert f"{tpu} delete {slice} --zone=z --quiet" in lines
+    head, = [l for l in lines if "ray start --head" in l]
+    assert head.startswith(f"{tpu} ssh rl-train --zone=z --worker=0 ")
+    # The trainer slice's other host carries the trainer resource; the rollout slice's hosts,
+    # all of them, join the head at the address `describe` gives.
+    follower, = [l for l in lines if '"asyncrl_trainer": 1' in l]
+    assert follower.startswith(f"{tpu} ssh rl-train --zone=z --worker=1 ")
+    describe = f"{tpu} describe rl-train --zone=z '--format=value(networkEndpoints[0].ipAddress)'"
+    rollout_join, = [l for l in lines if l.startswith(f"{tpu} ssh rl-rollout") and "ray start" in l]
+    assert lines.index(describe) == lines.index(rollout_join) - 1
+    assert "--worker=all" in rollout_join and "--address=HEAD_IP:6379" in rollout_join
+    job, = [l for l in lines if "asyncrl.main" in l]
+    assert job.startswith(f"{tpu} ssh rl-train --zone=z --worker=0 ")
+    assert ("--config.distributed.trainer_processes=2 --config.distributed.trainer_resource="
+            "asyncrl_trainer --config.mesh.trainer_devices=4 --config.mesh.rollout_instances=4 "
+            "--config.mesh.devices_per_instance=4") in job
+
 def test_tpu_slice_dry_runs_run_the_same_command_on_every_worker():
     check, = dry_run("tpu_slice.sh", "check", "--zone=z")
     assert check == ("gcloud compute tpus tpu-vm ssh asyncrl --zone=z --worker=all '--command=cd "
