@@ -11,8 +11,8 @@ _DEVICE_FLAG = "--xla_force_host_platform_device_count"
 def split_cpu_host(count: int) -> None:
     """Makes the CPU platform `count` devices, unless XLA_FLAGS already sets a count (the
     caller's choice wins). It does not affect GPU or TPU platforms."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _DEVICE_FLAG not in flags:
+    if cpu_device_count() is None:
+        flags = os.environ.get("XLA_FLAGS", "")
         os.environ["XLA_FLAGS"] = f"{flags} {_DEVICE_FLAG}={count}".strip()
 
 
