@@ -165,6 +165,7 @@ class Core:
             self._dirty.add(i)
         elif isinstance(event, Finished):
             for t in event.trajectory_ids:
+                self._moving.pop(t, None)  # started before its extraction reached the instance
                 if self.server.has(t) and self.server.state(t) is _S.GENERATED:
                     self._out.append(Score(t))
         elif isinstance(event, Scored):

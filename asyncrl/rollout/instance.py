@@ -118,7 +118,8 @@ class RolloutInstance:
         self._command("drop", trajectory_ids)
 
     def request_extract(self, trajectory_ids: Sequence[int]) -> None:
-        """Hands these trajectories back, queued or running (partial: they resume elsewhere)."""
+        """Hands these trajectories back to resume elsewhere: queued ones, and running ones
+        only with partial rollout on (off, a started trajectory finishes here)."""
         self._command("extract", trajectory_ids)
 
     def _command(self, name: str, trajectory_ids: Sequence[int]) -> None:
@@ -187,7 +188,9 @@ class RolloutInstance:
     def _extract(self, ids: frozenset[int]) -> None:
         handed = self._take_queued(ids)
         for slot, record in self.engine.running().items():
-            if record.trajectory_id in ids:
+            # Without partial rollout one that has started finishes here: the coordinator asked
+            # while it was still queued, and resumed on other weights it would mix versions.
+            if record.trajectory_id in ids and self.partial_rollout:
                 self.engine.extract(slot)
                 if self._report(record, None):
                     handed.append(record.trajectory_id)
