@@ -158,6 +158,11 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step,
                                                  rollouts.max_len, c.rollout.group_size)
             state, metrics = group.step(state, train_batch)
+            # JAX dispatches the step and returns at once. Waiting for it here makes its time
+            # the trainer's "step" (not the next "wait": the busy fraction measures compute),
+            # and publishes a version only once its weights exist: an instance syncing to it
+            # would otherwise stall inside its pull until the step is done.
+            state = jax.block_until_ready(state)
             step += 1
             batch_figures[step] = describe_batch(batch, train_batch)
             params = group.host_params(state)
