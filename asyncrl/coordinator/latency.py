@@ -131,38 +131,49 @@ class LatencyModel:
         ones = np.ones_like(r)
 
         def solve(r0):
-            """Least squares at knee r0 (None: no knee); (sse, a + c, b, e) with b, e ≥ 0."""
+            """Least squares at knee r0 (None: no knee) under b, e ≥ 0 and a + c ≥ a: the best
+            of the column subsets that satisfy them, as (sse, a + c, b, e); None if none does.
+            Every subset is tried: the first feasible one can fit far worse than another (a
+            line through the flat and the hinge points with a negative intercept, say)."""
             hinge = np.zeros_like(r) if r0 is None else np.maximum(0.0, r - r0)
             full = np.stack([ones, kv, hinge], axis=1)
-            for cols in ((0, 1, 2), (0, 1), (0, 2), (0,)):  # drop b or e when forced negative
+            best_here = None
+            for cols in ((0, 1, 2), (0, 1), (0, 2), (0,)):
                 coef, *_ = np.linalg.lstsq(full[:, cols], t, rcond=None)
                 p = dict(zip(cols, coef))
                 A, b, e = p[0], p.get(1, 0.0), p.get(2, 0.0)
-                if b >= 0 and e >= 0:  # the constant model (cols=(0,)) always qualifies
-                    return float(np.sum((A + b * kv + e * hinge - t) ** 2)), A, b, e
+                if b < 0 or e < 0 or A < a:
+                    continue
+                sse = float(np.sum((A + b * kv + e * hinge - t) ** 2))
+                if best_here is None or sse < best_here[0]:
+                    best_here = (sse, A, b, e)
+            return best_here
 
         knees = np.unique(r)
         if len(knees) > 256:  # a bounded search: quantiles are as good as every value
             knees = np.unique(np.quantile(r, np.linspace(0, 1, 256)))
-        best = (*solve(None), 0.0)
-        best_i = None
+        best, best_i = None, None
+
+        def consider(r0, i=None):
+            nonlocal best, best_i
+            cand = solve(r0)
+            if cand is not None and (best is None or cand[0] < best[0] - 1e-18):
+                best, best_i = (*cand, 0.0 if r0 is None else float(r0)), i
+
+        consider(None)
         for i, r0 in enumerate(knees[:-1]):
-            cand = solve(float(r0))
-            if cand[0] < best[0] - 1e-18:
-                best, best_i = (*cand, float(r0)), i
+            consider(float(r0), i)
         if best_i is not None:
             # The true knee may lie between two observed batch sizes: refine on a fine grid.
             lo = knees[max(best_i - 1, 0)]
             hi = knees[min(best_i + 1, len(knees) - 1)]
             for r0 in np.linspace(lo, hi, 65):
-                cand = solve(float(r0))
-                if cand[0] < best[0] - 1e-18:
-                    best = (*cand, float(r0))
+                consider(float(r0), best_i)
+        if best is None:
+            raise ValueError(f"fit: every fit puts the flat step time a + c below the given "
+                             f"a = {a} (the fastest measured step is {t.min():.3g}s)")
         _, A, b, e, r0 = best
         c = A - a
-        if c < 0:
-            raise ValueError(
-                f"fit: the fitted flat step time a + c = {A:.3g}s is below the given a = {a}")
         return cls(a=a, b=float(b), c=float(c), d=float(c - e * r0), e=float(e),
                    prefill_s_per_token=prefill_s_per_token, name=name, source=source)
 
