@@ -71,7 +71,9 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
                          f"{' '.join(command[1:])}\nchoose another --workdir")
     print(f"[learning] {variant} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+    # ROOT first, the caller's own path after it (a site of extra packages, say) kept.
+    pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode:
         raise RuntimeError(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}")
