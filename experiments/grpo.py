@@ -50,7 +50,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Appended to each question. Bare, SmolLM2 rambles to the 64-token cap (3% held-out), and
     # whether RL found the short answer from a rewarded sample or two depended on the seed
     # (gains of 55, 13 and 5 points on seeds 0-2); asked for the number it starts at 9.5-11%
-    # with about three times the reward to learn from, and every seed learns.
+    # greedy and every seed learned (docs/results.md).
     c.task.instruction = "Answer with only the number."
 
     c.rollout = ml_collections.ConfigDict()
@@ -90,7 +90,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.batch_timeout_s = 3600.0  # the trainer gives up waiting for a batch after this
     # 3e-5 decayed by a cosine: at 5e-5 (constant or cosine) the held-out accuracy peaked by
     # step 3-6 and then lost a fifth to a half of its gain; with the instruction above, 2e-5
-    # gained 40-52 points in 18 steps and 3e-5 36-53 (seeds 0-2, docs/results.md).
+    # gained 39-51.5 points in 18 steps and 3e-5 35.5-52.5 (seeds 0-2, docs/results.md).
     c.train.learning_rate = 3e-5
     c.train.warmup_steps = 0
     c.train.lr_schedule = "cosine"
