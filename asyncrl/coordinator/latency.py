@@ -149,30 +149,29 @@ class LatencyModel:
                     best_here = (sse, A, b, e)
             return best_here
 
+        def best_of(r0s, best=None):
+            """The least-error feasible fit over knees r0s, as (sse, a + c, b, e, r0); an
+            earlier knee keeps its place unless a later one is better beyond rounding."""
+            for r0 in r0s:
+                fit = solve(r0)
+                if fit is not None and (best is None or fit[0] < best[0] - 1e-18):
+                    best = (*fit, r0)
+            return best
+
         knees = np.unique(r)
         if len(knees) > 256:  # a bounded search: quantiles are as good as every value
             knees = np.unique(np.quantile(r, np.linspace(0, 1, 256)))
-        best, best_i = None, None
-
-        def consider(r0, i=None):
-            nonlocal best, best_i
-            cand = solve(r0)
-            if cand is not None and (best is None or cand[0] < best[0] - 1e-18):
-                best, best_i = (*cand, 0.0 if r0 is None else float(r0)), i
-
-        consider(None)
-        for i, r0 in enumerate(knees[:-1]):
-            consider(float(r0), i)
-        if best_i is not None:
-            # The true knee may lie between two observed batch sizes: refine on a fine grid.
-            lo = knees[max(best_i - 1, 0)]
-            hi = knees[min(best_i + 1, len(knees) - 1)]
-            for r0 in np.linspace(lo, hi, 65):
-                consider(float(r0), best_i)
+        best = best_of([None, *(float(k) for k in knees[:-1])])
         if best is None:
             raise ValueError(f"fit: every fit puts the flat step time a + c below the given "
                              f"a = {a} (the fastest measured step is {t.min():.3g}s)")
+        if best[4] is not None:
+            # The true knee may lie between two observed batch sizes: refine on a fine grid.
+            i = int(np.searchsorted(knees, best[4]))
+            lo, hi = knees[max(i - 1, 0)], knees[min(i + 1, len(knees) - 1)]
+            best = best_of((float(r0) for r0 in np.linspace(lo, hi, 65)), best)
         _, A, b, e, r0 = best
+        r0 = 0.0 if r0 is None else r0  # no knee: e = 0, so d = c
         c = A - a
         return cls(a=a, b=float(b), c=float(c), d=float(c - e * r0), e=float(e),
                    prefill_s_per_token=prefill_s_per_token, name=name, source=source)
