@@ -252,6 +252,9 @@ class Core:
         self.counters.failed_instances += 1
         self._check_any_left(error)
         for t in self.server.held_by(instance):
+            # An extraction asked of the dead instance will never be answered: a later,
+            # unrelated one must not take it for a migration.
+            self._moving.pop(t, None)
             self.server.interrupt(t)
             self._queue_resume(t)
             self.counters.rerouted_after_failure += 1
@@ -294,6 +297,8 @@ class Core:
             self.server.consume(entry)
             return
         members = set(members)
+        for t in members:
+            self._moving.pop(t, None)
         self._resume.remove_if(lambda item: item[0] in members)
         self._drop(self.server.abort(entry))
 

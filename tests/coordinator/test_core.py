@@ -131,6 +131,23 @@ def test_migration_moves_queued_work_first_then_the_fewest_tokens_to_the_starvin
     assert server.record(started).tokens == [7, 8, 9]
 
 
+def test_an_extraction_the_failed_instance_never_answered_is_not_taken_for_a_later_migration():
+    core, _ = make_core(eta=0, batch=2, migration="balance")
+    first, _ = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    out = core.step(1.0, [state(0, running=0, queued=16, steps=5), state(1)])
+    (extract,) = of(Extract, out)
+    assert extract.instance == 0 and set(extract.trajectory_ids) <= set(first.trajectory_ids)
+    # Instance 0 dies before handing them back: its work resumes on instance 1.
+    out = core.step(1.1, [Failed(0, "device fault"), state(1)])
+    assert {t for d in of(Dispatch, out) for t in d.trajectory_ids} == set(first.trajectory_ids)
+    # Later that entry is extracted from instance 1 for another reason: not a migration.
+    core.extract_entry(first.entry)
+    (again,) = of(Extract, core.step(1.2, [state(1, queued=4)]))
+    assert again.instance == 1
+    core.step(1.3, [Extracted(1, again.trajectory_ids), state(1)])
+    assert core.counters.migrated == 0
+
+
 def test_a_failed_reward_aborts_the_group_where_it_runs_and_retries_the_prompt():
     core, server = make_core(eta=1, batch=2)
     groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
