@@ -90,7 +90,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.batch_timeout_s = 3600.0  # the trainer gives up waiting for a batch after this
     # 3e-5 decayed by a cosine: at 5e-5 (constant or cosine) the held-out accuracy peaked by
     # step 3-6 and then lost a fifth to a half of its gain; with the instruction above, 2e-5
-    # gained 39-51.5 points in 18 steps and 3e-5 35.5-52.5 (seeds 0-2, docs/results.md).
+    # gained 39-51.5 points in 18 steps and 3e-5 34-53 (seeds 0-2, two runs each of 3e-5;
+    # docs/results.md).
     c.train.learning_rate = 3e-5
     c.train.warmup_steps = 0
     c.train.lr_schedule = "cosine"
