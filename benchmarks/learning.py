@@ -5,12 +5,15 @@ negative control.
   python benchmarks/learning.py --scale=tiny --seeds=0   # the tiny config, a smoke test
   python benchmarks/learning.py --workdir=runs/learning --seeds=0   # later: --seeds=0,1,2
                                                          # reuses seed 0's finished runs
+  python benchmarks/learning.py --workdir=runs/learning --eta=4      # the harder setting:
+                                                         # staleflow and control at η = 4,
+                                                         # sync's runs reused
 
 Each run is `python -m asyncrl.main` in its own process, same config except:
-  staleflow  experiments/grpo.py (η = 2, the StaleFlow admission)
+  staleflow  experiments/grpo.py (η = 2, or --eta; the StaleFlow admission)
   sync       experiments/baselines/sync.py (η = 0: generate, train, load weights, repeat)
-  control    η = 2 with the behaviour log-probs ignored (`train.policy_loss=uncorrected`: the
-             clip is against the trainer's own weights, so stale samples get no correction)
+  control    staleflow's η, the behaviour log-probs ignored (`train.policy_loss=uncorrected`:
+             the clip is against the trainer's own weights, so stale samples get no correction)
 Time to target is the training wall time (evaluation excluded: it runs on its own thread)
 at which the first weights whose held-out greedy accuracy reaches the target existed. The
 target is the synchronous runs' median final accuracy minus `--margin` (default 5 points),
@@ -49,9 +52,26 @@ VARIANTS = {
 }
 
 
+DEFAULT_ETA = 2  # experiments/grpo.py's
+
+
+def asynchronous(variant: str) -> bool:
+    return variant != "sync"
+
+
+def run_dir(workdir: pathlib.Path, variant: str, seed: int, eta: int) -> pathlib.Path:
+    """Where one run lives. Runs at another η than the default get their own name, so one
+    --workdir holds both settings and sync's runs (η = 0 either way) serve both."""
+    tag = f"_eta{eta}" if asynchronous(variant) and eta != DEFAULT_ETA else ""
+    return workdir / f"{variant}{tag}_{seed}"
+
+
 def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
     config, extra = VARIANTS[variant]
-    arg = ":tiny" if args.scale == "tiny" else ""
+    config_args = ["tiny"] if args.scale == "tiny" else []
+    if asynchronous(variant) and args.eta != DEFAULT_ETA:
+        config_args.append(f"eta={args.eta}")
+    arg = f":{','.join(config_args)}" if config_args else ""
     command = [sys.executable, "-m", "asyncrl.main", f"--config={config}{arg}",
                f"--config.seed={seed}", f"--config.task.seed={seed}", f"--workdir={workdir}",
                *extra, *args.override]
@@ -100,7 +120,7 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, accuracy in curve if accuracy >= target), None)
 
 
-def plot(measured: dict[str, list[dict]], target: float, path: pathlib.Path) -> None:
+def plot(measured: dict[str, list[dict]], target: float, eta: int, path: pathlib.Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -111,7 +131,7 @@ def plot(measured: dict[str, list[dict]], target: float, path: pathlib.Path) -> 
     label = next(iter(measured.values()))[0]["label"]
     for variant, runs in measured.items():
         for i, r in enumerate(runs):
-            name = variant if i == 0 else None
+            name = f"{variant} (η = {eta if asynchronous(variant) else 0})" if i == 0 else None
             t, a = zip(*r["curve"])
             acc.plot(t, a, "o-", color=colours[variant], alpha=0.8, label=name)
             if r["reward"]:
@@ -133,6 +153,8 @@ def main():
     parser.add_argument("--scale", choices=("default", "tiny"), default="default")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--variants", default=",".join(VARIANTS))
+    parser.add_argument("--eta", type=int, default=DEFAULT_ETA,
+                        help="staleness bound of staleflow and control (sync is η = 0)")
     parser.add_argument("--steps", type=int, default=0, help="override train.steps (0: config's)")
     parser.add_argument("--eval-every", type=int, default=None, help="override eval.every_steps")
     parser.add_argument("--margin", type=float, default=0.05,
@@ -147,8 +169,12 @@ def main():
     unknown = set(variants) - set(VARIANTS)
     if unknown or "sync" not in variants:
         parser.error(f"--variants: need sync and any of {sorted(VARIANTS)}; got {variants}")
+    if args.eta < 1:
+        parser.error(f"--eta: the asynchronous variants need η >= 1 (sync is the η = 0 one); "
+                     f"got {args.eta}")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="learning-"))
-    measured = {v: [run_one(v, s, args, workdir / f"{v}_{s}") for s in seeds] for v in variants}
+    measured = {v: [run_one(v, s, args, run_dir(workdir, v, s, args.eta)) for s in seeds]
+                for v in variants}
 
     target = statistics.median(r["final"] for r in measured["sync"]) - args.margin
     t2t = {v: [time_to(r["curve"], target) for r in measured[v]] for v in ("staleflow", "sync")
@@ -157,7 +183,7 @@ def main():
     if all(t is not None for ts in t2t.values() for t in ts) and "staleflow" in t2t:
         speedup = statistics.median(t2t["sync"]) / max(statistics.median(t2t["staleflow"]), 1e-9)
     if args.plot:
-        plot(measured, target, pathlib.Path(args.plot))
+        plot(measured, target, args.eta, pathlib.Path(args.plot))
     for v, runs in measured.items():
         for s, r in zip(seeds, runs):
             print(f"{v:10s} seed {s}: final {r['final']:.3f} best {r['best']:.3f} "
@@ -169,8 +195,8 @@ def main():
         "final_accuracy": {v: [r["final"] for r in runs] for v, runs in measured.items()},
         "best_accuracy": {v: [r["best"] for r in runs] for v, runs in measured.items()},
         "training_s": {v: [round(r["train_s"], 1) for r in runs] for v, runs in measured.items()},
-        "target": round(target, 4), "margin": args.margin, "seeds": seeds, "scale": args.scale,
-        "accuracy_label": measured["sync"][0]["label"], "workdir": str(workdir),
+        "target": round(target, 4), "margin": args.margin, "eta": args.eta, "seeds": seeds,
+        "scale": args.scale, "accuracy_label": measured["sync"][0]["label"], "workdir": str(workdir),
     }))
 
 

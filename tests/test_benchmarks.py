@@ -10,6 +10,8 @@ import pathlib
 import subprocess
 import sys
 
+from asyncrl.metrics import read_metrics
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -69,6 +71,17 @@ def test_learning_benchmark(tmp_path):
     for variant in ("staleflow", "sync", "control"):
         evals = json.loads((tmp_path / f"{variant}_0" / "results.json").read_text())["evals"]
         assert [e["step"] for e in evals] == [2]  # version 4 is the final evaluation
+    # The harder setting in the same workdir: staleflow at another η beside the first runs,
+    # sync's (η = 0 either way) reused.
+    harder = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
+                        "--override=--config.eval.heldout_size=8", f"--workdir={tmp_path}",
+                        "--eta=1", "--variants=sync,staleflow")
+    assert harder["eta"] == 1 and harder["final_accuracy"]["sync"] == result["final_accuracy"]["sync"]
+    assert {p: p.stat().st_mtime_ns for p in written} == written
+    run = tmp_path / "staleflow_eta1_0"
+    assert "--config=experiments/grpo.py:tiny,eta=1" in json.loads(
+        (run / "benchmark_run.json").read_text())["command"]
+    assert max(row["staleness_max"] for row in read_metrics(run / "metrics.jsonl")) <= 1
 
 
 def test_device_check_runs_scaled_down_on_the_cpu(tmp_path):
