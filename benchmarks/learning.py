@@ -89,14 +89,33 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
             return summarize(workdir, earlier["process_s"])
         raise SystemExit(f"{workdir} holds a run made with another command than\n  "
                          f"{' '.join(command[1:])}\nchoose another --workdir")
-    print(f"[learning] {variant} seed {seed}: {' '.join(command[1:])}", file=sys.stderr, flush=True)
+    # asyncrl.main resumes from the run's latest checkpoint by itself: an interrupted
+    # benchmark goes on where it stopped, and says so.
+    resuming = " (resuming its unfinished run)" if (workdir / "checkpoints").exists() else ""
+    print(f"[learning] {variant} seed {seed}{resuming}: {' '.join(command[1:])}",
+          file=sys.stderr, flush=True)
+    # The run's whole output goes to a file in its run dir, kept over attempts: the cause of
+    # a failure is often far above the end (Orbax's shutdown noise follows it).
+    workdir.mkdir(parents=True, exist_ok=True)
+    log_path = workdir / "output.log"
     start = time.perf_counter()
     # ROOT first, the caller's own path after it (a site of extra packages, say) kept.
     pythonpath = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath},
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    with log_path.open("a") as log:
+        attempt_starts = log.tell()
+        log.write(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(command[1:])}\n")
+        log.flush()
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, "PYTHONPATH": pythonpath},
+                              stdout=log, stderr=subprocess.STDOUT)
     if done.returncode:
-        raise RuntimeError(f"{variant} seed {seed} failed:\n{done.stdout[-3000:]}")
+        with log_path.open() as log:
+            log.seek(attempt_starts)
+            output = log.read()
+        first_error = output.find("Traceback (most recent call last)")
+        excerpt = output[first_error:first_error + 4000] if first_error >= 0 else output[-4000:]
+        raise RuntimeError(f"{variant} seed {seed} failed (exit status {done.returncode}); "
+                           f"its whole output is in {log_path}. From its first traceback:\n"
+                           f"{excerpt}")
     process_s = time.perf_counter() - start
     recorded.write_text(json.dumps({"command": command[1:], "process_s": process_s}))
     return summarize(workdir, process_s)
