@@ -11,6 +11,7 @@ evaluate, log and checkpoint; finish with the final evaluation and the results f
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -190,11 +191,16 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         failed = False
     finally:
         chrono.phase(None)
-        rollouts.stop()
-        collect_evaluations(background.close())
-        group.stop(failed)
-        progress.close()
-        writer.close()
+        # Each part is shut down even when one before it fails: above all the checkpointer,
+        # whose close awaits the save in flight (skipped, the process would exit mid-write).
+        # ExitStack runs them last-registered first; a failure is raised at the end, any
+        # earlier one chained to it.
+        with contextlib.ExitStack() as shutdown:
+            shutdown.callback(writer.close)
+            shutdown.callback(progress.close)
+            shutdown.callback(group.stop, failed)
+            shutdown.callback(lambda: collect_evaluations(background.close()))
+            shutdown.callback(rollouts.stop)
 
     # ---------------------------------------------------------------- finish
     results["protocol"] = rollouts.accounting()

@@ -7,6 +7,7 @@ disjoint devices; runs take ~30-60 s, most of it compiling.
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import pytest
 from asyncrl.run import run
 from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.metrics import read_metrics
+from asyncrl.train.checkpoint import CheckpointError
 from experiments.grpo import get_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -116,6 +118,28 @@ def test_a_failing_instance_has_its_work_rerouted(tmp_path, caplog):
     assert results["steps"] == 6
     assert rows[-1]["failed_instances"] == 1
     assert "rollout instance 1 failed" in caplog.text and "injected device fault" in caplog.text
+
+
+def test_a_full_disk_stops_the_run_with_its_sizes_and_a_rerun_resumes(tmp_path, monkeypatch):
+    # The disk fills between the checkpoints of steps 1 and 2 (a run at η = 4 once lost its
+    # last checkpoint and results that way, to a traceback from Orbax's writer thread).
+    c = tiny(train__steps=3, checkpoint__every_steps=1, eval__heldout_size=8)
+    real_usage, calls = shutil.disk_usage, []
+
+    def filling(path):
+        calls.append(path)
+        usage = real_usage(path)
+        return usage if len(calls) == 1 else usage._replace(free=1 << 20)
+
+    monkeypatch.setattr(shutil, "disk_usage", filling)
+    with pytest.raises(CheckpointError, match=r"checkpoint of step 2: needs about .* which has "
+                                              r"1.0 MiB free.*resumes from step 1"):
+        run(c, tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["1"]
+    monkeypatch.undo()
+    results = run(c, tmp_path)  # room again: the same call carries on from step 1
+    assert results["steps"] == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):

@@ -9,7 +9,11 @@ One checkpoint (directory `<root>/<step>/`) has three items:
 No pickles anywhere: a checkpoint stays readable when the code moves on.
 
 Saves are asynchronous: Orbax copies the arrays to host before `save` returns, so the next
-(donating) train step may overwrite the device buffers while the files are written.
+(donating) train step may overwrite the device buffers while the files are written. A save
+first checks that its directory has room for it (a SmolLM2-135M checkpoint is 1.6 GB with the
+Adam moments) and refuses with the sizes if not, before writing anything; a write that fails
+anyway (the disk filled meanwhile) surfaces as a CheckpointError when the save is awaited.
+Either way the earlier checkpoints stay whole and the run resumes from the latest.
 
 Restores check before they trust: every item present, every array's name, shape and dtype
 as the current config expects, and every array's fingerprint as it was saved (Orbax does
@@ -18,10 +22,12 @@ not checksum raw chunks, so a flipped bit would otherwise load silently).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +41,9 @@ from asyncrl.model.loading import export_hf
 from asyncrl.train.trainer import Trainer, TrainState
 
 FORMAT = 2  # 2: `coordinator` (the core's whole state) replaced `staleness`
+# Room a save leaves beside its own bytes: Orbax's metadata files, and the rest of the run
+# (metrics, logs) that writes to the same disk.
+SPARE_BYTES = 64 << 20
 _ITEMS = ("state", "meta", "trajectories")
 
 
@@ -116,6 +125,7 @@ class Checkpointer:
     ):
         self.directory = Path(directory).absolute()
         self.trainer = trainer
+        self.keep = keep
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
@@ -164,20 +174,66 @@ class Checkpointer:
                 for k, a in arrays.items()
             },
         }
-        json.dumps(meta)  # fail here, with the caller on the stack, not in Orbax's thread
+        # Fail here, with the caller on the stack, not in Orbax's thread.
+        meta_bytes = len(json.dumps(meta))
+        self._check_room(step, flat, arrays, meta_bytes)
         args = {"state": ocp.args.StandardSave(flat), "meta": ocp.args.JsonSave(meta)}
         # Orbax cannot write zero-size arrays; their shape and dtype in meta are all they hold.
         stored = {k: a for k, a in arrays.items() if a.size}
         if stored:
             args["trajectories"] = ocp.args.StandardSave(stored)
-        self._manager.save(step, args=ocp.args.Composite(**args))
+        try:
+            self._manager.save(step, args=ocp.args.Composite(**args))
+        except Exception as error:  # Orbax awaits the previous save first: its failure too
+            raise self._save_failed(error) from error
         return step
 
+    def _check_room(self, step: int, flat: dict[str, Any], arrays: dict[str, np.ndarray],
+                    meta_bytes: int) -> None:
+        """Refuses a save the disk cannot hold, before any of it is written. Orbax deletes
+        the oldest checkpoint only once the new one is complete, so the new one needs room
+        of its own."""
+        self.wait()  # an earlier save still writing takes room too
+        needed = (sum(leaf.nbytes for leaf in flat.values())
+                  + sum(a.nbytes for a in arrays.values()) + meta_bytes)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        free = shutil.disk_usage(self.directory).free
+        if free < needed + SPARE_BYTES:
+            raise CheckpointError(
+                f"checkpoint of step {step}: needs about {_size(needed + SPARE_BYTES)} under "
+                f"{self.directory}, which has {_size(free)} free. Make room there (each "
+                f"checkpoint kept takes about {_size(needed)}; checkpoint.keep is {self.keep}), "
+                f"then run the same command again: {self._resumes_from()}")
+
+    def _save_failed(self, error: Exception) -> CheckpointError:
+        full = "No space left on device" in str(error)
+        return CheckpointError(
+            f"checkpoint save under {self.directory} failed"
+            f"{' (the disk is full)' if full else ''}: {_brief(error)}{_partials(self.directory)}. "
+            f"Run the same command again once it is fixed: {self._resumes_from()}")
+
+    def _resumes_from(self) -> str:
+        # From the disk, not the manager: it counts a step from the moment its save starts.
+        finished = [int(p.name) for p in self.directory.iterdir() if p.name.isdigit()]
+        latest = max(finished, default=None)
+        return ("it starts over, no checkpoint is complete" if latest is None
+                else f"it resumes from step {latest}, the latest complete checkpoint")
+
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Until the save in flight is written; CheckpointError if it failed."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:
+            raise self._save_failed(error) from error
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        try:
+            self.wait()
+        except CheckpointError:
+            # Closing awaits the failed save again: the error being raised already says it.
+            with contextlib.suppress(Exception):
+                self._manager.close()
+            raise
         self._manager.close()
 
     def latest_step(self) -> int | None:
@@ -278,6 +334,10 @@ def _brief(err: Exception) -> str:
     # Tensorstore errors carry a full JSON spec; the first line says what went wrong.
     lines = str(err).strip().splitlines() or [""]
     return f"{type(err).__name__}: {lines[0][:300]}"
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB" if num_bytes >= 2**30 else f"{num_bytes / 2**20:.1f} MiB"
 
 
 def _partials(root: Path) -> str:

@@ -194,6 +194,41 @@ def test_resume_data_is_checked_before_saving(trainer, tmp_path):
     ckpt.close()
 
 
+def test_a_save_the_disk_cannot_hold_is_refused_before_writing(trainer, tmp_path, monkeypatch):
+    ckpt = Checkpointer(tmp_path / "ck", trainer)
+    state = trainer.init_state()
+    ckpt.save(state, ResumeData())
+    ckpt.wait()
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10 << 20))
+    later = state.replace(step=jax.device_put(np.int32(5), state.step.sharding))
+    with pytest.raises(CheckpointError, match=(
+            rf"checkpoint of step 5: needs about [\d.]+ MiB under {tmp_path / 'ck'}, which has "
+            r"10.0 MiB free.*resumes from step 0, the latest complete checkpoint")):
+        ckpt.save(later, ResumeData())
+    ckpt.close()
+    assert [p.name for p in (tmp_path / "ck").iterdir()] == ["0"]  # nothing half-written
+
+
+def test_a_save_that_fails_while_writing_names_the_disk_and_the_resume_point(trainer, tmp_path):
+    ckpt = Checkpointer(tmp_path / "ck", trainer)
+    ckpt.save(trainer.init_state(), ResumeData())
+    ckpt.wait()
+    written = ckpt._manager.wait_until_finished
+
+    def disk_full():  # what Orbax raises when tensorstore meets ENOSPC (Orbax 0.11)
+        written()
+        raise ValueError('RESOURCE_EXHAUSTED: Error writing "params.embed/0.0" in OCDBT '
+                         'database: Failed to write 1494188 bytes to file 4: No space left '
+                         "on device [os_error_code='28']")
+
+    ckpt._manager.wait_until_finished = disk_full
+    with pytest.raises(CheckpointError, match=(
+            r"save under .*ck failed \(the disk is full\): ValueError: RESOURCE_EXHAUSTED.*"
+            r"resumes from step 0")):
+        ckpt.close()
+
+
 def test_exported_policy_loads_in_transformers_with_same_logits(trainer, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
