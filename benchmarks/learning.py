@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,6 +119,14 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
                            f"{excerpt}")
     process_s = time.perf_counter() - start
     recorded.write_text(json.dumps({"command": command[1:], "process_s": process_s}))
+    if not args.keep_checkpoints and (workdir / "checkpoints").exists():
+        # The measurement is in results.json and metrics.jsonl; a default run's checkpoints
+        # are 2.8 GB, and nine or more of them fill a laptop's disk.
+        checkpoints = workdir / "checkpoints"
+        size = sum(f.stat().st_size for f in checkpoints.rglob("*") if f.is_file())
+        shutil.rmtree(checkpoints)
+        print(f"[learning] {variant} seed {seed}: done; removed its checkpoints "
+              f"({size / 2**30:.1f} GiB; --keep-checkpoints keeps them)", file=sys.stderr, flush=True)
     return summarize(workdir, process_s)
 
 
@@ -181,6 +190,8 @@ def main():
     parser.add_argument("--override", action="append", default=[],
                         help="one more --config.x=y flag for every run (repeatable)")
     parser.add_argument("--workdir", default=None)
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep each finished run's checkpoints (removed by default)")
     parser.add_argument("--plot", default=None, help="where to write the accuracy/reward figure")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]

@@ -63,6 +63,7 @@ def test_learning_benchmark(tmp_path):
     # Asked again in the same workdir, the finished runs are reused, not redone or lost.
     written = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*_0/results.json")}
     assert len(written) == 3
+    assert not list(tmp_path.glob("*_0/checkpoints"))  # finished runs keep their figures only
     again = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
                        "--override=--config.eval.heldout_size=8", f"--workdir={tmp_path}")
     assert again["final_accuracy"] == result["final_accuracy"]
