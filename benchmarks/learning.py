@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from asyncrl.cli import exit_on_user_error  # noqa: E402
 from asyncrl.metrics import read_metrics  # noqa: E402
+from experiments.grpo import get_config  # noqa: E402
 
 VARIANTS = {
     "staleflow": ("experiments/grpo.py", []),
@@ -53,7 +54,7 @@ VARIANTS = {
 }
 
 
-DEFAULT_ETA = 2  # experiments/grpo.py's
+DEFAULT_ETA = get_config().staleness.eta
 
 
 def asynchronous(variant: str) -> bool:
@@ -92,7 +93,8 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
                          f"{' '.join(command[1:])}\nchoose another --workdir")
     # asyncrl.main resumes from the run's latest checkpoint by itself: an interrupted
     # benchmark goes on where it stopped, and says so.
-    resuming = " (resuming its unfinished run)" if (workdir / "checkpoints").exists() else ""
+    checkpoints = workdir / "checkpoints"
+    resuming = " (resuming its unfinished run)" if checkpoints.exists() else ""
     print(f"[learning] {variant} seed {seed}{resuming}: {' '.join(command[1:])}",
           file=sys.stderr, flush=True)
     # The run's whole output goes to a file in its run dir, kept over attempts: the cause of
@@ -119,10 +121,9 @@ def run_one(variant: str, seed: int, args, workdir: pathlib.Path) -> dict:
                            f"{excerpt}")
     process_s = time.perf_counter() - start
     recorded.write_text(json.dumps({"command": command[1:], "process_s": process_s}))
-    if not args.keep_checkpoints and (workdir / "checkpoints").exists():
+    if not args.keep_checkpoints and checkpoints.exists():
         # The measurement is in results.json and metrics.jsonl; a default run's checkpoints
         # are 2.8 GB, and nine or more of them fill a laptop's disk.
-        checkpoints = workdir / "checkpoints"
         size = sum(f.stat().st_size for f in checkpoints.rglob("*") if f.is_file())
         shutil.rmtree(checkpoints)
         print(f"[learning] {variant} seed {seed}: done; removed its checkpoints "

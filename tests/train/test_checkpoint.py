@@ -216,7 +216,7 @@ def test_a_save_that_fails_while_writing_names_the_disk_and_the_resume_point(tra
     ckpt.wait()
     written = ckpt._manager.wait_until_finished
 
-    def disk_full():  # what Orbax raises when tensorstore meets ENOSPC (Orbax 0.11)
+    def disk_full():  # what Orbax raises when tensorstore meets ENOSPC (Orbax 0.12)
         written()
         raise ValueError('RESOURCE_EXHAUSTED: Error writing "params.embed/0.0" in OCDBT '
                          'database: Failed to write 1494188 bytes to file 4: No space left '
