@@ -17,8 +17,12 @@ Each run is `python -m asyncrl.main` in its own process, same config except:
 Time to target is the training wall time (evaluation excluded: it runs on its own thread)
 at which the first weights whose held-out greedy accuracy reaches the target existed. The
 target is the synchronous runs' median final accuracy minus `--margin` (default 5 points),
-so it asks "how soon does each schedule get where synchronous training ends up". The
-control is expected to do worse; if it does not, the task does not exercise staleness.
+so it asks "how soon does each schedule get where synchronous training ends up". A run that
+never reaches it (null) ranks after every run that does, so a schedule's median time exists
+while fewer than half its runs miss; speedup_median is sync's median over staleflow's, and
+goal_met says whether it is >= 1.5 with staleflow's median final at most 2 points under
+sync's. The control is expected to do worse; if it does not, the task does not exercise
+staleness.
 Last line, JSON:
   {"time_to_target_s": {"staleflow": [..], "sync": [..]}, "speedup_median": x,
    "final_accuracy": {"staleflow": [..], "sync": [..], "control": [..]}, "target": t, ...}
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -55,6 +60,8 @@ VARIANTS = {
 
 
 DEFAULT_ETA = get_config().staleness.eta
+GOAL_SPEEDUP = 1.5  # issue 15: median time-to-target, synchronous over StaleFlow
+GOAL_FINAL_GAP = 0.02  # and StaleFlow's median final at most this far under synchronous
 
 
 def asynchronous(variant: str) -> bool:
@@ -149,6 +156,21 @@ def time_to(curve: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, accuracy in curve if accuracy >= target), None)
 
 
+def median_time_to(times: list[float | None]) -> float | None:
+    """The median over seeds of the time to target, where a run that never got there counts
+    as slower than every run that did (its time is past its budget, not unknown): the median
+    exists while fewer than half the runs miss, and is None (never) otherwise."""
+    median = statistics.median(math.inf if t is None else t for t in times)
+    return None if math.isinf(median) else median
+
+
+def goal_met(speedup: float | None, finals: dict[str, list[float]]) -> bool:
+    """The issue's goal: StaleFlow at least 1.5x sooner to the target (medians over seeds),
+    its median final accuracy at most 2 points under synchronous training's."""
+    gap = statistics.median(finals["sync"]) - statistics.median(finals["staleflow"])
+    return speedup is not None and speedup >= GOAL_SPEEDUP and gap <= GOAL_FINAL_GAP
+
+
 def plot(measured: dict[str, list[dict]], target: float, eta: int, path: pathlib.Path) -> None:
     import matplotlib
 
@@ -210,9 +232,11 @@ def main():
     target = statistics.median(r["final"] for r in measured["sync"]) - args.margin
     t2t = {v: [time_to(r["curve"], target) for r in measured[v]] for v in ("staleflow", "sync")
            if v in measured}
+    medians = {v: median_time_to(ts) for v, ts in t2t.items()}
     speedup = None
-    if all(t is not None for ts in t2t.values() for t in ts) and "staleflow" in t2t:
-        speedup = statistics.median(t2t["sync"]) / max(statistics.median(t2t["staleflow"]), 1e-9)
+    if medians.get("staleflow") is not None and medians["sync"] is not None:
+        speedup = medians["sync"] / max(medians["staleflow"], 1e-9)
+    finals = {v: [r["final"] for r in runs] for v, runs in measured.items()}
     if args.plot:
         plot(measured, target, args.eta, pathlib.Path(args.plot))
     for v, runs in measured.items():
@@ -223,7 +247,10 @@ def main():
         "time_to_target_s": {v: [None if t is None else round(t, 1) for t in ts]
                              for v, ts in t2t.items()},
         "speedup_median": None if speedup is None else round(speedup, 3),
-        "final_accuracy": {v: [r["final"] for r in runs] for v, runs in measured.items()},
+        "final_accuracy": finals,
+        "median_time_to_target_s": {v: None if m is None else round(m, 1)
+                                    for v, m in medians.items()},
+        "goal_met": "staleflow" in finals and goal_met(speedup, finals),
         "best_accuracy": {v: [r["best"] for r in runs] for v, runs in measured.items()},
         "training_s": {v: [round(r["train_s"], 1) for r in runs] for v, runs in measured.items()},
         "target": round(target, 4), "margin": args.margin, "eta": args.eta, "seeds": seeds,

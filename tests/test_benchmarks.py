@@ -5,6 +5,7 @@ model, few entries) and only check that each benchmark finishes, measures what i
 ends with its documented keys, so an API change cannot leave a benchmark broken unnoticed.
 """
 
+import importlib.util
 import json
 import pathlib
 import subprocess
@@ -56,7 +57,8 @@ def test_learning_benchmark(tmp_path):
     result = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
                         "--override=--config.eval.heldout_size=8", f"--workdir={tmp_path}",
                         f"--plot={tmp_path / 'learning.png'}")
-    assert {"time_to_target_s", "speedup_median", "final_accuracy", "target"} <= result.keys()
+    assert {"time_to_target_s", "speedup_median", "final_accuracy", "target",
+            "median_time_to_target_s", "goal_met"} <= result.keys()
     assert result["final_accuracy"].keys() == {"staleflow", "sync", "control"}
     assert result["accuracy_label"] == "train-set"  # the tiny task is too small to hold out
     assert (tmp_path / "learning.png").stat().st_size > 0
@@ -100,3 +102,25 @@ def test_device_check_runs_scaled_down_on_the_cpu(tmp_path):
     run = result["run"]
     assert run["steps"] == 2 and 0 <= run["accuracy_after"] <= 1 and run["max_staleness"] <= 2
     assert run["eval_label"] == "train-set"  # tiny has too few problems to hold any out
+
+
+def _learning_module():
+    spec = importlib.util.spec_from_file_location("learning_benchmark",
+                                                  ROOT / "benchmarks" / "learning.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_learning_benchmark_ranks_a_run_that_never_reached_the_target_last():
+    learning = _learning_module()
+    # The default's η = 2 runs: each schedule missed the target on one seed of three.
+    assert learning.median_time_to([428.6, 429.3, None]) == 429.3
+    assert learning.median_time_to([659.3, None, 457.9]) == 659.3
+    assert learning.median_time_to([None, 300.0, None]) is None  # most runs never got there
+    assert learning.median_time_to([None, 300.0]) is None  # the middle pair holds a miss
+    finals = {"staleflow": [0.625, 0.555, 0.45], "sync": [0.605, 0.51, 0.7]}
+    assert not learning.goal_met(1.536, finals)  # sooner, but 5 points under at the end
+    assert learning.goal_met(1.536, {**finals, "staleflow": [0.59, 0.6, 0.45]})
+    assert not learning.goal_met(1.4, {**finals, "staleflow": [0.7, 0.7, 0.7]})
+    assert not learning.goal_met(None, finals)
