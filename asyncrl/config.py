@@ -27,6 +27,7 @@ from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
 from asyncrl.rewards.registry import REWARDS
+from asyncrl.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -49,6 +50,20 @@ def _one_of(config, field: str, registry) -> None:
     value = _get(config, field)
     if value not in registry:
         _fail(field, value, f"registered: {', '.join(registry.names())}")
+
+
+def _validate_clip(config) -> None:
+    low, high = config.train.eps_low, config.train.eps_high
+    if not isinstance(low, (int, float)) or not 0 <= low < 1:
+        _fail("train.eps_low", low, "expected a number in [0, 1) (0: the policy loss's own ε)")
+    if not isinstance(high, (int, float)) or not high >= 0:
+        _fail("train.eps_high", high, "expected a number ≥ 0 (0: the policy loss's own ε)")
+    loss = config.train.policy_loss
+    if POLICY_LOSSES.get(loss).symmetric and high and high != (low or POLICY_LOSSES.get(loss).eps[0]):
+        _fail("train.eps_high", high,
+              f"policy loss {loss!r} clips symmetrically: 0 (ε_low's value) or train.eps_low")
+    if not isinstance(config.train.tis_cap, (int, float)) or config.train.tis_cap < 0:
+        _fail("train.tis_cap", config.train.tis_cap, "expected a number ≥ 0 (0 turns the cap off)")
 
 
 def _get(config, field: str) -> Any:
@@ -118,8 +133,11 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
         ("coordinator.dispatch", DISPATCH_MODES), ("coordinator.binding", BINDINGS),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
         ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
+        ("train.policy_loss", POLICY_LOSSES), ("train.advantage", ADVANTAGES),
+        ("train.aggregation", AGGREGATIONS),
     ]:
         _one_of(config, field, registry)
+    _validate_clip(config)
     if config.task.dataset not in DATASETS:
         _fail("task.dataset", config.task.dataset, f"one of {', '.join(DATASETS)}")
     if config.task.dataset != "arithmetic":

@@ -259,6 +259,7 @@ def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:
 
 def train_config(c) -> TrainConfig:
     loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
+                      eps_low=c.train.eps_low or None, eps_high=c.train.eps_high or None,
                       tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
                       entropy_coef=c.train.entropy_coef, aggregation=c.train.aggregation)
     return TrainConfig(loss=loss, learning_rate=c.train.learning_rate,

@@ -108,6 +108,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # TIS: the DAPO clip is against the engine's behaviour log-probs (the trust region), and
     # a negative advantage's weight is capped at tis_cap (dual clip); 0 turns the cap off.
     c.train.tis_cap = 2.0
+    # The clip's ε below and above a ratio of 1; 0 takes the policy loss's own (dapo: 0.2 and
+    # 0.28, clip-higher; gspo: 3e-4 and 4e-4).
+    c.train.eps_low = 0.0
+    c.train.eps_high = 0.0
     c.train.kl_coef = 0.0
     c.train.entropy_coef = 0.0
     c.train.aggregation = "token-mean"
