@@ -139,7 +139,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
                    **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
                    **rollouts.figures(), **chrono.figures(), "eval_s": evaluate.seconds,
-                   "evals_skipped": background.skipped, **evals, "wall_s": run_wall_s()}
+                   "evals_skipped": background.skipped, **evals, "wall_s": figures["wall_s"]}
         evals.clear()
         writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
                      {k: figures[k] for k in ("entries", "batch_digest")})
@@ -165,11 +165,13 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             # would otherwise stall inside its pull until the step is done.
             state = jax.block_until_ready(state)
             step += 1
-            batch_figures[step] = describe_batch(batch, train_batch)
+            # A row's wall_s is when its step's weights existed, not when the row is written
+            # (a step later, or after a checkpoint save): curves against time need the former.
+            batch_figures[step] = {**describe_batch(batch, train_batch), "wall_s": run_wall_s()}
             params = group.host_params(state)
             rollouts.publish(step, params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                published_at[step] = run_wall_s()
+                published_at[step] = batch_figures[step]["wall_s"]
                 background.submit(step, params)
             log_step(late.push(step, metrics))
             finishing = stop.is_set() or step == c.train.steps

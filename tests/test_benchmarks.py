@@ -74,6 +74,11 @@ def test_learning_benchmark(tmp_path):
     for variant in ("staleflow", "sync", "control"):
         evals = json.loads((tmp_path / f"{variant}_0" / "results.json").read_text())["evals"]
         assert [e["step"] for e in evals] == [2]  # version 4 is the final evaluation
+        # A metrics row is timed when its step's weights existed, on the evaluations' clock
+        # (not when it was written, a step later): the reward and accuracy curves line up.
+        rows = read_metrics(tmp_path / f"{variant}_0" / "metrics.jsonl")
+        walls = {r["step"]: r["wall_s"] for r in rows}
+        assert [walls[e["step"]] for e in evals] == [e["trained_s"] for e in evals]
     # The harder setting in the same workdir: staleflow at another η beside the first runs,
     # sync's (η = 0 either way) reused.
     harder = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
