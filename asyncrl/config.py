@@ -58,10 +58,11 @@ def _validate_clip(config) -> None:
         _fail("train.eps_low", low, "expected a number in [0, 1) (0: the policy loss's own ε)")
     if not isinstance(high, (int, float)) or not high >= 0:
         _fail("train.eps_high", high, "expected a number ≥ 0 (0: the policy loss's own ε)")
-    loss = config.train.policy_loss
-    if POLICY_LOSSES.get(loss).symmetric and high and high != (low or POLICY_LOSSES.get(loss).eps[0]):
+    loss = POLICY_LOSSES.get(config.train.policy_loss)
+    if loss.symmetric and high and high != (low or loss.eps[0]):
         _fail("train.eps_high", high,
-              f"policy loss {loss!r} clips symmetrically: 0 (ε_low's value) or train.eps_low")
+              f"policy loss {config.train.policy_loss!r} clips symmetrically: 0 (ε_low's value) "
+              f"or train.eps_low")
     if not isinstance(config.train.tis_cap, (int, float)) or config.train.tis_cap < 0:
         _fail("train.tis_cap", config.train.tis_cap, "expected a number ≥ 0 (0 turns the cap off)")
 
