@@ -341,6 +341,10 @@ def token_terms(
     log_r = _masked(jax.lax.stop_gradient(logp) - behaviour_logp, mask)
     aux = {
         "clipped": terms.clipped,
+        # Which side binds tells a stale batch's story: the lower bound stops pushing down a
+        # token that has already fallen by ε_low since it was sampled, the upper one stops
+        # raising one that has risen by ε_high. The TIS cap's truncations are not counted here.
+        "clipped_low": terms.clipped & (inputs.advantages < 0) & ~terms.is_truncated,
         "is_weight": terms.is_weight,
         "is_truncated": terms.is_truncated,
         "approx_kl": jnp.exp(log_r) - 1.0 - log_r,

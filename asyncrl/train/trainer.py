@@ -364,6 +364,7 @@ def _metrics(config, step, loss, grads, sums, weights, micro_mask, mask, batch) 
         "grad_norm": optax.tree.norm(grads),
         "learning_rate": LR_SCHEDULES.get(config.lr_schedule)(config)(step),
         "clip_frac": sums["clipped"] / n_tok,
+        "clip_low_frac": sums["clipped_low"] / n_tok,
         "is_weight_p50": q50,
         "is_weight_p90": q90,
         "is_weight_p99": q99,

@@ -160,6 +160,18 @@ def test_single_update_never_clips_against_the_proximal_policy():
     assert not np.asarray(aux["clipped"]).any()
 
 
+def test_clip_low_counts_the_tokens_held_at_the_lower_bound():
+    logp, behaviour, mask, _, adv = _inputs(5)
+    _, aux = losses.token_terms(LossConfig(policy_loss="dapo", tis_cap=None), jnp.asarray(logp),
+                                jnp.asarray(behaviour), jnp.asarray(adv), jnp.asarray(mask))
+    ratio = np.where(mask > 0, np.exp(logp - behaviour), 1.0)  # padding is never clipped
+    low = (adv[:, None] < 0) & (ratio < 1 - 0.2)
+    high = (adv[:, None] > 0) & (ratio > 1 + 0.28)
+    assert low.any() and high.any(), "inputs must exercise both bounds"
+    np.testing.assert_array_equal(np.asarray(aux["clipped_low"]), low)
+    np.testing.assert_array_equal(np.asarray(aux["clipped"]), low | high)
+
+
 @pytest.mark.parametrize("name", [n for n in losses.POLICY_LOSSES.names() if n != "uncorrected"])
 def test_tis_weights_never_exceed_cap(name):
     rng = np.random.default_rng(4)

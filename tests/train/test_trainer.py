@@ -68,7 +68,8 @@ def test_microbatched_fsdp_step_matches_single_device(two_steps):
     fsdp_params, single_params = (jax.device_get(out[k][1].params) for k in ("fsdp", "single"))
     assert not np.allclose(jax.tree.leaves(fsdp_params)[0], jax.tree.leaves(out["fsdp"][0])[0])  # it moved
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6), fsdp_params, single_params)
-    for key in ("loss", "grad_norm", "clip_frac", "approx_kl", "kl_ref", "entropy", "is_weight_p90"):
+    for key in ("loss", "grad_norm", "clip_frac", "clip_low_frac", "approx_kl", "kl_ref", "entropy",
+                "is_weight_p90"):
         np.testing.assert_allclose(out["fsdp"][2][1][key], out["single"][2][1][key], rtol=1e-4, atol=1e-6)
 
 
