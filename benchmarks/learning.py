@@ -60,6 +60,7 @@ VARIANTS = {
 
 
 DEFAULT_ETA = get_config().staleness.eta
+REWARD_WINDOW = 3  # steps in the figure's running mean of batch rewards
 GOAL_SPEEDUP = 1.5  # issue 15: median time-to-target, synchronous over StaleFlow
 GOAL_FINAL_GAP = 0.02  # and StaleFlow's median final at most this far under synchronous
 
@@ -185,14 +186,19 @@ def plot(measured: dict[str, list[dict]], target: float, eta: int, path: pathlib
             name = f"{variant} (η = {eta if asynchronous(variant) else 0})" if i == 0 else None
             t, a = zip(*r["curve"])
             acc.plot(t, a, "o-", color=colours[variant], alpha=0.8, label=name)
-            if r["reward"]:
+            if len(r["reward"]) >= REWARD_WINDOW:
+                # One batch is 8 prompts: its reward swings by ±0.2 from step to step.
                 t, w = zip(*r["reward"])
-                reward.plot(t, w, "-", color=colours[variant], alpha=0.6, label=name)
+                smooth = [sum(w[i - REWARD_WINDOW + 1:i + 1]) / REWARD_WINDOW
+                          for i in range(REWARD_WINDOW - 1, len(w))]
+                reward.plot(t[REWARD_WINDOW - 1:], smooth, "-", color=colours[variant], alpha=0.6,
+                            label=name)
     acc.axhline(target, ls="--", color="k", lw=0.8, label="target")
     acc.set(xlabel="training wall time (s)", ylabel=f"{label} greedy accuracy",
             title="accuracy of the weights trained by then")
-    reward.set(xlabel="training wall time (s)", ylabel="mean reward of the batch",
-               title="reward of each consumed batch")
+    reward.set(xlabel="training wall time (s)",
+               ylabel=f"mean batch reward, last {REWARD_WINDOW} steps",
+               title="reward of the consumed batches (sampled)")
     acc.legend()
     reward.legend()
     fig.tight_layout()
