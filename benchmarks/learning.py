@@ -187,7 +187,7 @@ def plot(measured: dict[str, list[dict]], target: float, eta: int, path: pathlib
             t, a = zip(*r["curve"])
             acc.plot(t, a, "o-", color=colours[variant], alpha=0.8, label=name)
             if len(r["reward"]) >= REWARD_WINDOW:
-                # One batch is 8 prompts: its reward swings by ±0.2 from step to step.
+                # A batch holds few prompts (8 on the default): its reward swings by ±0.2 a step.
                 t, w = zip(*r["reward"])
                 smooth = [sum(w[i - REWARD_WINDOW + 1:i + 1]) / REWARD_WINDOW
                           for i in range(REWARD_WINDOW - 1, len(w))]
