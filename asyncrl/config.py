@@ -27,7 +27,6 @@ from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
 from asyncrl.rewards.registry import REWARDS
-from asyncrl.train.losses import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -58,11 +57,6 @@ def _validate_clip(config) -> None:
         _fail("train.eps_low", low, "expected a number in [0, 1) (0: the policy loss's own ε)")
     if not isinstance(high, (int, float)) or not high >= 0:
         _fail("train.eps_high", high, "expected a number ≥ 0 (0: the policy loss's own ε)")
-    loss = POLICY_LOSSES.get(config.train.policy_loss)
-    if loss.symmetric and high and high != (low or loss.eps[0]):
-        _fail("train.eps_high", high,
-              f"policy loss {config.train.policy_loss!r} clips symmetrically: 0 (ε_low's value) "
-              f"or train.eps_low")
     if not isinstance(config.train.tis_cap, (int, float)) or config.train.tis_cap < 0:
         _fail("train.tis_cap", config.train.tis_cap, "expected a number ≥ 0 (0 turns the cap off)")
 
@@ -134,8 +128,6 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
         ("coordinator.dispatch", DISPATCH_MODES), ("coordinator.binding", BINDINGS),
         ("coordinator.migration", MIGRATION_POLICIES), ("coordinator.redundancy", REDUNDANCY_POLICIES),
         ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
-        ("train.policy_loss", POLICY_LOSSES), ("train.advantage", ADVANTAGES),
-        ("train.aggregation", AGGREGATIONS),
     ]:
         _one_of(config, field, registry)
     _validate_clip(config)

@@ -260,10 +260,13 @@ def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:
 
 
 def train_config(c) -> TrainConfig:
-    loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
-                      eps_low=c.train.eps_low or None, eps_high=c.train.eps_high or None,
-                      tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
-                      entropy_coef=c.train.entropy_coef, aggregation=c.train.aggregation)
+    try:
+        loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
+                          eps_low=c.train.eps_low or None, eps_high=c.train.eps_high or None,
+                          tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
+                          entropy_coef=c.train.entropy_coef, aggregation=c.train.aggregation)
+    except ValueError as error:  # checked here, not in config.validate: the losses need JAX
+        raise config_lib.ConfigError(f"config.train: {error}") from None
     return TrainConfig(loss=loss, learning_rate=c.train.learning_rate,
                        lr_schedule=c.train.lr_schedule, warmup_steps=c.train.warmup_steps,
                        total_steps=c.train.steps, weight_decay=c.train.weight_decay,
