@@ -62,6 +62,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     # Each process is checked for its own devices: see asyncrl/placement.py.
     config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
     check_devices_per_process()
+    train_config(c)  # its loss names and ε are checked by the losses (JAX): before any loading
     if jax.process_index() > 0:
         follow_group(c, workdir)
         return {}

@@ -226,6 +226,16 @@ def test_the_clip_settings_reach_the_loss():
         train_config(tiny(train__policy_loss="grpo", train__eps_high=0.3))
 
 
+def test_a_misnamed_loss_fails_before_the_run_loads_data_or_model(tmp_path, monkeypatch):
+    def loading(*args, **kwargs):
+        raise AssertionError("loaded before the config was checked")
+
+    monkeypatch.setattr("asyncrl.run.build_task_data", loading)
+    monkeypatch.setattr("asyncrl.run.load_policy", loading)
+    with pytest.raises(ConfigError, match=r"config.train: unknown policy loss 'ppo'"):
+        run(tiny(train__policy_loss="ppo"), tmp_path)
+
+
 def test_too_few_devices_names_mesh_and_how_to_run_colocated():
     with pytest.raises(ConfigError, match=r"config.mesh = '1 \+ 2 × 1' is not allowed: needs 3 "
                        r"devices, this host has 1 \(.*--config.mesh.colocate=True runs the "
