@@ -36,9 +36,10 @@ def test_readme_main_job_runs(tmp_path):
     job = readme_command("main-command").split("&&")[-1].strip()
     argv = shlex.split(job)
     assert argv[0] == "python"
-    shorten = ["--config.train.steps=1", "--config.rollout.max_new_tokens=8",
-               "--config.eval.max_new_tokens=8", "--config.eval.heldout_size=4",
-               "--config.train.num_microbatches=1", f"--workdir={tmp_path}"]
+    shorten = ["--config.train.steps=1", "--config.train.warmup_steps=0",
+               "--config.rollout.max_new_tokens=8", "--config.eval.max_new_tokens=8",
+               "--config.eval.heldout_size=4", "--config.train.num_microbatches=1",
+               f"--workdir={tmp_path}"]
     result = subprocess.run([sys.executable, *argv[1:], *shorten], cwd=ROOT,
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
