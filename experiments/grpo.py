@@ -87,7 +87,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # entries (prompts); each holds group_size responses
     # 24 steps, not 18: with the warmup below the accuracy was still rising at step 18 on
-    # every seed (docs/results.md); the whole command stays inside ~20 minutes on 2 cores.
+    # every seed (docs/results.md); the whole command took 13.5-14 min on a quiet 2-core host
+    # (25-26 min on one 1.8-1.9x slower).
     c.train.steps = 24
     c.train.batch_timeout_s = 3600.0  # the trainer gives up waiting for a batch after this
     # 3e-5 decayed by a cosine: at 5e-5 (constant or cosine) the held-out accuracy peaked by

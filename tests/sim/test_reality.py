@@ -52,6 +52,9 @@ def test_simulated_speedup_over_sync_is_within_25_percent_of_the_measured_one(tm
     for attempt in range(ATTEMPTS):
         sim_ratio, real_ratio, figures = _ratios(e2e, tmp_path / f"attempt{attempt}")
         if abs(sim_ratio / real_ratio - 1.0) <= 0.25:
+            # The simulator models no shared cores, so it predicts an overlap gain on any host;
+            # a prediction of none would mean its scheduling lost StaleFlow's advantage.
+            assert sim_ratio > 1.0, figures
             return
         misses.append(f"simulated staleflow/sync {sim_ratio:.2f} vs measured {real_ratio:.2f}: "
                       f"{figures}")
