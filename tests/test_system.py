@@ -49,6 +49,10 @@ def async_run(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("eta2")
     # 40 steps: at 30 a run on a loaded machine (more staleness at lr 1e-2) once rose by
     # only 0.09 in mean reward; quiet runs rise by ~0.27.
+    return run_async(workdir)
+
+
+def run_async(workdir):
     results = run(tiny(train__steps=ASYNC_STEPS), workdir)
     return results, read_metrics(workdir / "metrics.jsonl")
 
@@ -79,8 +83,7 @@ def test_reward_rises_and_accuracy_improves(async_run, tmp_path):
         # How the instances and the trainer interleave depends on the host's load, and with it
         # the staleness each step learns from: quiet runs rise by ~0.27, and one loaded CI run
         # rose by 0.09. A run that does not learn misses twice; a loaded one is run once more.
-        results = run(tiny(train__steps=ASYNC_STEPS), tmp_path)
-        rows = read_metrics(tmp_path / "metrics.jsonl")
+        results, rows = run_async(tmp_path)
     assert reward_rise(rows) > 0.1, [r["reward_mean"] for r in rows]
     assert results["after"]["accuracy"] > results["before"]["accuracy"]
 
