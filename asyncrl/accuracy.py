@@ -5,6 +5,11 @@ Every result carries the label of the set it was measured on: "held-out" when tr
 never draw those problems, "train-set" when the task is too small to hold any out
 (`TaskData.eval_label`), so no figure claims more than it measured.
 
+Accuracy is graded by the task reward's strict grader (`asyncrl.rewards.strict_grader`), even
+when training uses a lenient reward, and reported beside the rate of responses that put an
+answer where the prompt asked (the format rate) and the rate cut at the token cap: a policy
+that learned to game a reward shows there, not as accuracy.
+
 Runs on engines of its own (greedy: temperature 0; sampled: the rollout's sampling) so it
 never disturbs the training rollouts' random streams; the slots are refilled continuously,
 as in rollout, and a problem's k samples share one prefill (multi-sampling).
@@ -13,7 +18,9 @@ as in rollout, and a problem's k samples share one prefill (multi-sampling).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import pathlib
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +33,7 @@ import numpy as np
 from asyncrl.data.heldout import EVAL_LABELS, HELDOUT
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.rewards import REWARDS
+from asyncrl.rewards.registry import format_check, strict_grader
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.sampling import SamplingParams
 
@@ -36,11 +44,13 @@ Score = Callable[[str, str], float]  # (response, answer) -> reward; 1.0 means c
 
 @dataclasses.dataclass(frozen=True)
 class Completions:
-    """Every response to every problem: `correct` and `formatted` are [problems, samples]."""
+    """Every response to every problem: the arrays are [problems, samples]."""
 
     correct: np.ndarray
     formatted: np.ndarray
     lengths: np.ndarray
+    cut: np.ndarray  # stopped by the token cap, not by the model
+    responses: list[list[str]]
     seconds: float
 
 
@@ -54,6 +64,8 @@ def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: 
     start = time.perf_counter()
     shape = (len(prompts), samples)
     correct, formatted, lengths = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    cut = np.zeros(shape, bool)
+    responses = [[""] * samples for _ in prompts]
     state = engine.init_decode_state()
     pending = list(range(len(prompts)))[::-1]
     while pending or len(engine.free_slots()) < engine.num_slots:
@@ -74,7 +86,9 @@ def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: 
             correct[i, j] = score(response, answers[i]) >= 1.0
             formatted[i, j] = is_formatted(response, answers[i]) >= 1.0 if is_formatted else np.nan
             lengths[i, j] = len(record.tokens)
-    return Completions(correct, formatted, lengths, time.perf_counter() - start)
+            cut[i, j] = record.finish_reason == "length"
+            responses[i][j] = response
+    return Completions(correct, formatted, lengths, cut, responses, time.perf_counter() - start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +101,8 @@ class EvalResult:
     pass_at: dict[int, float] | None = None  # k -> pass@k over the sampled responses
     samples: int = 0  # sampled responses per problem (0: greedy only)
     eval_label: str = HELDOUT  # "held-out", or "train-set": problems training also draws
+    cut_rate: float = 0.0  # greedy responses stopped by the token cap
+    grader: str = ""  # the reward that graded `accuracy`
 
     def __post_init__(self):
         _check_label(self.eval_label)
@@ -96,6 +112,7 @@ class EvalResult:
         `{prefix}_label`, the set they were measured on."""
         out: dict[str, float | str] = {f"{prefix}_accuracy": self.accuracy,
                                        f"{prefix}_mean_length": self.mean_length,
+                                       f"{prefix}_cut_rate": self.cut_rate,
                                        f"{prefix}_label": self.eval_label}
         if self.format_rate is not None:
             out[f"{prefix}_format_rate"] = self.format_rate
@@ -109,14 +126,18 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
                     decode: Callable[[list[int]], str], score: Score, *,
                     is_formatted: Score | None = None, samples: int = 0,
                     pass_ks: Sequence[int] = (), version: int = 0,
-                    eval_label: str = HELDOUT) -> EvalResult:
-    """Greedy accuracy, length and format rate; with `samples` > 0 also pass@k for each k
-    in `pass_ks` from that many sampled responses per problem. `eval_label` names the set
-    `prompts` come from ("held-out" or "train-set")."""
+                    eval_label: str = HELDOUT, grader: str = "",
+                    on_greedy: Callable[[Completions], None] | None = None) -> EvalResult:
+    """Greedy accuracy, length, format and cut rates; with `samples` > 0 also pass@k for each
+    k in `pass_ks` from that many sampled responses per problem. `eval_label` names the set
+    `prompts` come from ("held-out" or "train-set"), `grader` the reward `score` is;
+    `on_greedy` sees the greedy responses."""
     if samples and any(not 1 <= k <= samples for k in pass_ks):
         raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {list(pass_ks)}")
     greedy = complete(greedy_engine, params, prompts, answers, decode, score, 1, is_formatted,
                       version)
+    if on_greedy is not None:
+        on_greedy(greedy)
     pass_at, seconds = None, greedy.seconds
     if samples:
         if sampling_engine is None:
@@ -132,22 +153,27 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
         accuracy=float(greedy.correct.mean()) if n else 0.0,
         mean_length=float(greedy.lengths.mean()) if n else 0.0,
         format_rate=float(greedy.formatted.mean()) if n and is_formatted else None,
-        num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples, eval_label=eval_label)
+        num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples, eval_label=eval_label,
+        cut_rate=float(greedy.cut.mean()) if n else 0.0, grader=grader)
 
 
 class Evaluator:
     """A run's evaluation (config.eval) on one rollout mesh, on engines built at the first
     call: every evaluation of a run shares their compiles. `heldout` is what it reads
-    (`TaskData.heldout`) and `eval_label` what that is (`TaskData.eval_label`)."""
+    (`TaskData.heldout`) and `eval_label` what that is (`TaskData.eval_label`). Accuracy is
+    graded by the strict grader of config.task.reward."""
 
     def __init__(self, c, graphdef, model_config, mesh, heldout, encode: Callable[[Any], Sequence[int]],
                  decode: Callable[[list[int]], str], eval_label: str = HELDOUT):
         self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
         self.heldout, self.encode, self.decode = heldout, encode, decode
         self.eval_label = _check_label(eval_label)
+        self.grader = strict_grader(c.task.reward) if c is not None else ""
+        self.format_check = resolve_format_check(c) if c is not None else None
         self.seconds = 0.0  # spent evaluating, over the run
         self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
         self._problems: tuple[list[Sequence[int]], list[str]] = ([], [])  # prompts, answers
+        self._heldout_problems: list = []
 
     def _engine(self, sampling: SamplingParams, num_slots: int) -> Engine:
         c = self.c
@@ -158,12 +184,16 @@ class Evaluator:
                       # Its own seed: evaluation's trajectory ids reuse the rollouts' ids.
                       seed=c.seed + 1, mesh=self.mesh, rules=ShardingRules.replicated())
 
-    def __call__(self, params, version: int, label: str) -> EvalResult:
+    def __call__(self, params, version: int, label: str,
+                 responses_to: pathlib.Path | None = None) -> EvalResult:
+        """`responses_to`: a JSONL file that receives every greedy response with its problem,
+        reference and grades (one line a problem), for a recount by other means."""
         c = self.c
         if self._engines is None:
             # The held-out set is fixed for the run: encoded once, with the engines.
             problems = self.heldout.take(0, c.eval.heldout_size)
             self._problems = ([self.encode(p) for p in problems], [p.answer for p in problems])
+            self._heldout_problems = problems
             # One problem's samples are inserted together: at least that many slots.
             sampled = self._engine(SamplingParams.of_rollout(c.rollout),
                                    max(c.rollout.num_slots, c.eval.samples)) if c.eval.samples else None
@@ -172,11 +202,16 @@ class Evaluator:
         greedy, sampled = self._engines
         prompts, answers = self._problems
         params = jax.device_put(params, shardings_for(params, self.mesh, ShardingRules.replicated()))
+
+        def save(completions: Completions) -> None:
+            if responses_to is not None:
+                write_responses(responses_to, self._heldout_problems, completions, self.grader)
+
         result = evaluate_policy(
-            greedy, sampled, params, prompts, answers, self.decode, _reward_fn(c.task.reward),
-            is_formatted=_reward_fn(c.eval.format_reward) if c.eval.format_reward else None,
+            greedy, sampled, params, prompts, answers, self.decode, _reward_fn(self.grader),
+            is_formatted=_reward_fn(self.format_check) if self.format_check else None,
             samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
-            eval_label=self.eval_label)
+            eval_label=self.eval_label, grader=self.grader, on_greedy=save)
         self.seconds += result.seconds
         return result
 
@@ -250,12 +285,38 @@ class BackgroundEvaluator:
                 self._finished.append((version, result))
 
 
+def resolve_format_check(c) -> str | None:
+    """The format check config.eval.format_reward names: 'auto' is the one matching
+    config.task.reward's answer format (None for a reward of unknown format), '' none."""
+    setting = c.eval.format_reward
+    if setting == "auto":
+        return format_check(c.task.reward)
+    return setting or None
+
+
+def write_responses(path: pathlib.Path, problems, completions: Completions, grader: str) -> None:
+    """One JSON line per problem: its question, reference, greedy response and grades."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w", encoding="utf-8") as f:
+        for i, problem in enumerate(problems):
+            formatted = completions.formatted[i, 0]
+            f.write(json.dumps({
+                "prompt_id": problem.prompt_id, "question": problem.question,
+                "answer": problem.answer, "response": completions.responses[i][0],
+                "correct": bool(completions.correct[i, 0]), "grader": grader,
+                "formatted": None if np.isnan(formatted) else bool(formatted),
+                "cut": bool(completions.cut[i, 0]), "length": int(completions.lengths[i, 0]),
+            }) + "\n")
+    partial.replace(path)
+
+
 def describe(result: EvalResult) -> str:
     passes = "".join(f", pass@{k} {v:.3f}" for k, v in (result.pass_at or {}).items())
     formatted = "" if result.format_rate is None else f", format {result.format_rate:.3f}"
     return (f"{result.eval_label} accuracy {result.accuracy:.3f} on {result.num_problems} "
-            f"problems{passes}{formatted} (mean length {result.mean_length:.1f} tokens, "
-            f"{result.seconds:.1f} s)")
+            f"problems{passes}{formatted}, cut at the cap {result.cut_rate:.3f} (mean length "
+            f"{result.mean_length:.1f} tokens, {result.seconds:.1f} s)")
 
 
 def _check_label(label: str) -> str:

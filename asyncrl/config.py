@@ -8,6 +8,7 @@ from the registries so they cannot drift.
 
 from __future__ import annotations
 
+import importlib
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -26,7 +27,7 @@ from asyncrl.distributed import BACKENDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
-from asyncrl.rewards.registry import REWARDS
+from asyncrl.rewards.registry import BOXED_REWARDS, REWARDS, format_check
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -59,6 +60,37 @@ def _validate_clip(config) -> None:
         _fail("train.eps_high", high, "expected a number ≥ 0 (0: the policy loss's own ε)")
     if not isinstance(config.train.tis_cap, (int, float)) or config.train.tis_cap < 0:
         _fail("train.tis_cap", config.train.tis_cap, "expected a number ≥ 0 (0 turns the cap off)")
+
+
+def _import_reward_plugins(config) -> None:
+    plugins = config.rewards.plugins
+    if isinstance(plugins, str) or not all(isinstance(m, str) and m for m in plugins):
+        _fail("rewards.plugins", plugins, "a tuple of module names, e.g. ('my_project.rewards',)")
+    for module in plugins:
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            _fail("rewards.plugins", plugins, f"module {module!r} cannot be imported: {error}")
+
+
+def _validate_answer_format(config) -> None:
+    """The prompt must ask for the format the reward reads, and the format rate must measure
+    that format: a boxed-only reward under "Answer with only the number." scores every
+    response 0 and learns nothing, without an error anywhere."""
+    reward, check = config.task.reward, config.eval.format_reward
+    if check not in ("", "auto") and check not in REWARDS:
+        _fail("eval.format_reward", check,
+              f"'auto' (the task reward's own), '' (none) or a registered reward: "
+              f"{', '.join(REWARDS.names())}")
+    if check not in ("", "auto") and format_check(reward) not in (None, check):
+        _fail("eval.format_reward", check,
+              f"'auto' or {format_check(reward)!r}: the format task.reward = {reward!r} reads")
+    prompt = f"{config.task.system_prompt} {config.task.instruction}"
+    if reward in BOXED_REWARDS and "\\boxed" not in prompt:
+        _fail("task.instruction", config.task.instruction,
+              f"task.reward = {reward!r} reads the final answer only from \\boxed{{}}, and "
+              f"neither task.system_prompt nor task.instruction asks for one (e.g. "
+              f"--config.task.instruction='Put the final answer in \\boxed{{}}.')")
 
 
 def _get(config, field: str) -> Any:
@@ -123,6 +155,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
                             sync=build_sync_policy("greedy"), **params.to_dict())
         except (TypeError, ValueError) as error:
             _fail(field, params.to_dict(), str(error))
+    _import_reward_plugins(config)
     for field, registry in [
         ("coordinator.admission", ADMISSIONS), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
         ("coordinator.dispatch", DISPATCH_MODES), ("coordinator.binding", BINDINGS),
@@ -147,9 +180,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     if config.task.system_prompt and not config.task.chat_template:
         _fail("task.system_prompt", config.task.system_prompt,
               "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
-    if config.eval.format_reward and config.eval.format_reward not in REWARDS:
-        _fail("eval.format_reward", config.eval.format_reward,
-              f"'' or a registered reward: {', '.join(REWARDS.names())}")
+    _validate_answer_format(config)
     ks = tuple(config.eval.pass_k)
     if config.eval.samples and not all(isinstance(k, int) and 1 <= k <= config.eval.samples for k in ks):
         _fail("eval.pass_k", ks, f"each k an int in [1, eval.samples = {config.eval.samples}]")

@@ -8,7 +8,8 @@
 
 Prints the figures that training logs (accuracy, pass@k, mean response length, format rate)
 and writes them as JSON to --output (default: eval.json in the run's workdir, or the
-current directory for a model file).
+current directory for a model file), and every greedy response with its grades beside it
+(eval_responses.jsonl).
 """
 
 from asyncrl.host_devices import split_cpu_host
@@ -82,10 +83,11 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
     evaluator = Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data.heldout,
                           lambda problem: encode(c, policy, problem).tokens, policy.decode,
                           eval_label=data.eval_label)
-    result = evaluator(params, 0, "eval")
+    responses = out.with_name(f"{out.stem}_responses.jsonl")
+    result = evaluator(params, 0, "eval", responses_to=responses)
     figures = {"checkpoint": str(checkpoint), **dataclasses.asdict(result)}
     out.write_text(json.dumps(figures, indent=2))
-    print(f"{describe(result)}; written to {out}")
+    print(f"{describe(result)}; written to {out}, each response to {responses}")
     return figures
 
 

@@ -31,12 +31,14 @@ from asyncrl.drivers.local import LocalRollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
-from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe
+from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe, resolve_format_check
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
+from asyncrl.rewards import REWARDS
+from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
 from asyncrl.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.losses import LossConfig
@@ -96,7 +98,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     results["placement"] = layout  # this process's: a resumed run may be placed differently
     params = group.host_params(state)
     if "before" not in results:
-        before = evaluate(params, step, "before")
+        before = evaluate(params, step, "before", responses_to=workdir / "responses" / "before.jsonl")
         progress.note(f"before: {describe(before)}")
         results["before"] = dataclasses.asdict(before)
         results_path.write_text(json.dumps(results, indent=2))
@@ -108,6 +110,8 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     batch_figures: dict[int, dict[str, Any]] = {}  # step -> its batch's figures, until logged
     evals: dict[str, float] = {}  # the latest finished evaluation's figures, until logged
     rollout_tokens = 0
+    stated = answer_check(c, policy)
+    watch = RewardHackingWatch()
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
     writer = MetricsWriter(workdir, resume_step=step)
     progress.start(step)
@@ -136,6 +140,14 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         logged, metrics = done
         figures = batch_figures.pop(logged)
         rollout_tokens += figures["rollout_tokens"]
+        if "format_rate" in figures:
+            suspected = watch.update(BatchAnswers(figures["reward_mean"], figures["format_rate"],
+                                                  figures["rewarded_unformatted"]))
+            if watch.turned_on:
+                results.setdefault("reward_hacking", []).append({"step": logged, "why": watch.why})
+                progress.note(f"step {logged}: possible reward hacking: {watch.why}")
+                log.warning("step %d: possible reward hacking: %s", logged, watch.why)
+            figures["reward_hacking_suspected"] = int(suspected)
         collect_evaluations(background.results())
         scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
                    **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
@@ -168,7 +180,8 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             step += 1
             # A row's wall_s is when its step's weights existed, not when the row is written
             # (a step later, or after a checkpoint save): curves against time need the former.
-            batch_figures[step] = {**describe_batch(batch, train_batch), "wall_s": run_wall_s()}
+            batch_figures[step] = {**describe_batch(batch, train_batch, stated),
+                                   "wall_s": run_wall_s()}
             params = group.host_params(state)
             rollouts.publish(step, params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
@@ -211,7 +224,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
         return results
-    after = evaluate(params, step, "after")
+    after = evaluate(params, step, "after", responses_to=workdir / "responses" / "after.jsonl")
     print(f"after: {describe(after)}", file=sys.stderr)
     results["after"] = dataclasses.asdict(after)
     results["steps"] = step
@@ -276,11 +289,32 @@ def train_config(c) -> TrainConfig:
                        seed=c.seed)
 
 
-def describe_batch(batch: Batch, train_batch: TrainBatch) -> dict[str, Any]:
-    """The figures of one consumed batch: staleness, rewards, lengths, partial work."""
+def answer_check(c, policy) -> Callable[[list[int]], bool] | None:
+    """Whether a response's tokens state an answer in the format the task asks for (the
+    format check of config.eval.format_reward), or None without one."""
+    name = resolve_format_check(c)
+    if name is None:
+        return None
+    check = REWARDS.get(name)
+    return lambda tokens: check(response=policy.decode(tokens)) >= 1.0
+
+
+def describe_batch(batch: Batch, train_batch: TrainBatch,
+                   stated: Callable[[list[int]], bool] | None = None) -> dict[str, Any]:
+    """The figures of one consumed batch: staleness, rewards, lengths, partial work; with
+    `stated` (asyncrl.run.answer_check) the share of responses in the asked-for format."""
     records = [r for g in batch.groups for r in g]
     lengths = [len(r.tokens) for r in records]
+    answers = {}
+    if stated is not None:
+        formatted = [stated(r.tokens) for r in records]
+        answers = {"format_rate": float(np.mean(formatted)),
+                   "rewarded_unformatted": float(np.mean(
+                       # Full credit only: partial credit (answer_first) is shaping by design.
+                       [r.reward >= 1.0 and not ok for r, ok in zip(records, formatted)]))}
     return {
+        **answers,
+        "cut_rate": float(np.mean([r.finish_reason == "length" for r in records])),
         "entries": batch.entries, "staleness": batch.staleness,
         # Identifies the batch's exact tokens: runs that must match can be compared.
         "batch_digest": hashlib.sha256(train_batch.tokens.tobytes()).hexdigest()[:16],

@@ -78,5 +78,4 @@ def get_config(arg: str | None = None):
     c.eval.every_steps = 20
     c.eval.samples = 8
     c.eval.pass_k = (1, 8)
-    c.eval.format_reward = "format"
     return c

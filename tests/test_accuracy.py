@@ -62,7 +62,7 @@ def test_results_say_which_set_they_were_measured_on():
     assert "held-out" not in describe(train_set)
     assert train_set.as_dict("eval") == {"eval_accuracy": 0.25, "eval_mean_length": 3.0,
                                          "eval_label": "train-set", "eval_format_rate": 0.5,
-                                         "eval_pass@1": 0.25}
+                                         "eval_pass@1": 0.25, "eval_cut_rate": 0.0}
     assert dataclasses.asdict(train_set)["eval_label"] == "train-set"  # the results.json entry
 
 

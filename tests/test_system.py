@@ -23,7 +23,7 @@ from asyncrl.train.checkpoint import CheckpointError
 from experiments.grpo import get_config
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-ASYNC_STEPS = 40
+ASYNC_STEPS = 100
 
 
 def tiny(**changes):
@@ -47,18 +47,18 @@ def assert_every_entry_accounted_once(rows, protocol):
 def async_run(tmp_path_factory):
     # Long-tailed work for 2 instances: migration and mid-trajectory weight swaps must happen.
     workdir = tmp_path_factory.mktemp("eta2")
-    # 40 steps: at 30 a run on a loaded machine (more staleness at lr 1e-2) once rose by
-    # only 0.09 in mean reward; quiet runs rise by ~0.27.
+    # The tiny config's 100 steps: the strict grader asks for the digit and a stop, which the
+    # partial-credit reward teaches by step 60-100 (mean reward rose 0.34-0.58 on seeds 0-2).
     return run_async(workdir)
 
 
 def run_async(workdir):
     results = run(tiny(train__steps=ASYNC_STEPS), workdir)
-    return results, read_metrics(workdir / "metrics.jsonl")
+    return results, read_metrics(workdir / "metrics.jsonl"), workdir
 
 
 def test_every_consumed_entry_respects_the_bound(async_run):
-    _, rows = async_run
+    _, rows, _ = async_run
     lags = [lag for r in rows for lag in r["staleness"]]
     assert lags and all(0 <= lag <= 2 for lag in lags)
     assert max(lags) == 2  # the run really was asynchronous
@@ -67,7 +67,7 @@ def test_every_consumed_entry_respects_the_bound(async_run):
 
 
 def test_partial_rollouts_and_migrations_happen(async_run):
-    _, rows = async_run
+    _, rows, _ = async_run
     assert sum(r["partial_rollouts"] for r in rows) > 0
     assert rows[-1]["migrated"] > 0
 
@@ -78,14 +78,49 @@ def reward_rise(rows):
 
 
 def test_reward_rises_and_accuracy_improves(async_run, tmp_path):
-    results, rows = async_run
+    results, rows, _ = async_run
     if reward_rise(rows) <= 0.1 or results["after"]["accuracy"] <= results["before"]["accuracy"]:
         # How the instances and the trainer interleave depends on the host's load, and with it
-        # the staleness each step learns from: quiet runs rise by ~0.27, and one loaded CI run
-        # rose by 0.09. A run that does not learn misses twice; a loaded one is run once more.
-        results, rows = run_async(tmp_path)
+        # the staleness each step learns from (one loaded CI run of the earlier 40-step config
+        # rose by 0.09). A run that does not learn misses twice; a loaded one is run once more.
+        results, rows, _ = run_async(tmp_path)
     assert reward_rise(rows) > 0.1, [r["reward_mean"] for r in rows]
     assert results["after"]["accuracy"] > results["before"]["accuracy"]
+
+
+def test_accuracy_is_graded_strictly_and_every_final_response_is_kept(async_run):
+    results, rows, workdir = async_run
+    # Trained on answer_first's partial credit, graded by exact_answer: "3333" is no answer.
+    for label in ("before", "after"):
+        figures = results[label]
+        assert figures["grader"] == "exact_answer"
+        kept = [json.loads(line) for line in
+                (workdir / "responses" / f"{label}.jsonl").read_text().splitlines()]
+        assert len(kept) == figures["num_problems"] == 10
+        assert np.mean([k["correct"] for k in kept]) == pytest.approx(figures["accuracy"])
+        assert np.mean([k["cut"] for k in kept]) == pytest.approx(figures["cut_rate"])
+        assert np.mean([k["formatted"] for k in kept]) == pytest.approx(figures["format_rate"])
+        for k in kept:  # a recount by other means agrees with every grade
+            assert k["correct"] == (k["response"].strip() == k["answer"]), k
+    assert all(0.0 <= r["format_rate"] <= 1.0 and 0.0 <= r["cut_rate"] <= 1.0 for r in rows)
+    # A full reward always came with a stated answer: nothing to flag.
+    assert all(r["rewarded_unformatted"] == 0.0 for r in rows)
+    assert not any(r["reward_hacking_suspected"] for r in rows) and "reward_hacking" not in results
+
+
+def test_a_reward_paying_unstated_answers_is_flagged_as_possible_reward_hacking(tmp_path, caplog):
+    # A user's plugin reward that pays for the answer anywhere in the response, as
+    # math-verify's extraction did: the run says so in its metrics, results and console.
+    c = tiny(train__steps=12, eval__heldout_size=8, task__reward="test_answer_anywhere",
+             rewards__plugins=("tests.rewards._gameable",), eval__format_reward="integer_format")
+    with caplog.at_level("WARNING", logger="asyncrl.run"):
+        results = run(c, tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    flagged = [r["step"] for r in rows if r["reward_hacking_suspected"]]
+    assert flagged, [(r["reward_mean"], r["format_rate"], r["rewarded_unformatted"]) for r in rows]
+    assert results["reward_hacking"][0]["step"] == flagged[0]
+    assert "rewarded without an answer in the asked-for format" in results["reward_hacking"][0]["why"]
+    assert f"step {flagged[0]}: possible reward hacking" in caplog.text
 
 
 def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
@@ -213,7 +248,9 @@ def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
     ({"coordinator__routing": "fastest"}, r"config.coordinator.routing = 'fastest' is not allowed: registered: least_loaded, round_robin, throughput_optimal, version_first"),
     ({"train__remat": "some"}, r"config.train.remat = 'some' is not allowed: registered: dots, full, none"),
     ({"model__checkpoint": "/nowhere/model"}, r"config.model.checkpoint = '/nowhere/model'"),
-    ({"train__warmup_steps": 50}, r"config.train.warmup_steps = 50 is not allowed: at most train.steps \(40\)"),
+    ({"train__warmup_steps": 150}, r"config.train.warmup_steps = 150 is not allowed: at most train.steps \(100\)"),
+    ({"task__reward": "math_verify"}, r"config.task.instruction = '' is not allowed: task.reward = 'math_verify' reads the final answer only from \\boxed\{\}"),
+    ({"eval__format_reward": "format"}, r"config.eval.format_reward = 'format' is not allowed: 'auto' or 'integer_format'"),
     ({"task__dataset": "gsm8k"}, r"config.task.train_path = '' is not allowed: the path of a local gsm8k file"),
     ({"task__chat_template": "vicuna"}, r"config.task.chat_template = 'vicuna' is not allowed: one of 'auto'"),
     ({"task__system_prompt": "Be brief."}, r"config.task.system_prompt = 'Be brief.' is not allowed: a system prompt needs a chat template"),

@@ -34,7 +34,8 @@ from typing import Any, Protocol
 
 from asyncrl.data.arithmetic import Problem
 from asyncrl.errors import UserError
-from asyncrl.rewards.math import gsm8k_reference, last_boxed
+from asyncrl.rewards.answers import last_boxed
+from asyncrl.rewards.math import gsm8k_reference
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,8 @@ class LocalRollouts:
         self.c, self.policy, self.task, self.cursor = c, policy, data.train, data.cursor
         self.server = TrajectoryServer()
         self.parameters = ParameterServer()
-        self.rewards = RewardPool(c.rewards.workers, c.rewards.timeout_s)
+        self.rewards = RewardPool(c.rewards.workers, c.rewards.timeout_s,
+                                  plugins=tuple(c.rewards.plugins))
         self.core = core_from_config(c, self.server, PromptStream(c, policy, data.train, data.cursor))
         self.driver = ThreadedDriver(self.core, self.server, self.parameters, self.rewards,
                                      self._reward_request)

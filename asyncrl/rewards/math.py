@@ -1,9 +1,13 @@
 """Verifiable math rewards: `math_verify`, `gsm8k`, `format`, and DAPO's overlong penalty.
 
 The model is asked for its final answer in `\\boxed{}`; every reward here reads the *last*
-complete `\\boxed{...}` of the response when there is one, because models often box an
-intermediate result before correcting it ("\\boxed{3}, wait, no: \\boxed{4}"). math-verify on
-its own would gather every box of a response into a set and grade "{3, 4}".
+complete `\\boxed{...}` of the response and scores 0.0 when there is none (the `format`
+reward reports that miss on its own). The last box, because models often box an intermediate
+result before correcting it ("\\boxed{3}, wait, no: \\boxed{4}"); math-verify on its own
+would gather every box of a response into a set and grade "{3, 4}". Nothing is extracted from
+the rest of the text: math-verify's own extraction evaluates any expression it finds, so a
+response restating "29 + 55 - 36" would be paid for the gold 48. `math_verify_lenient` keeps
+that extraction for unboxed responses, by name only, and is graded strictly in evaluation.
 
 Failure semantics, shared with the worker pool (asyncrl/rewards/pool.py):
   * a wrong or unparsable *response* scores 0.0 (the model's fault: a real training signal);
@@ -20,53 +24,16 @@ validate names) stays cheap and gsm8k / format work without it installed.
 from __future__ import annotations
 
 import fractions
-import re
 import threading
 
-from asyncrl.rewards.registry import REWARDS
+from asyncrl.rewards.answers import NUMBER, as_number, last_boxed, not_a_value
+from asyncrl.rewards.registry import BOXED_REWARDS, FORMAT_CHECKS, REWARDS, STRICT_GRADERS
 
 # math-verify's own per-expression limit, enforced with SIGALRM (whole seconds). The pool's
 # per-call timeout is the outer guard; this one makes an in-process call (tests, greedy eval
 # on the main thread) unable to hang, and in a worker it fails the call with a clear message
 # before the pool has to kill and respawn the process.
 VERIFY_TIMEOUT_S = 5
-
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-# A GSM8K-style number: thousands groups ("1,234.5") or plain digits; "3,4" is two numbers.
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
-
-
-def last_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` (or `\\fbox{...}`) in `text`, or None.
-
-    Braces are balanced, so `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. `\\boxed 5` (no braces,
-    as LaTeX allows for one token) gives `5`. If the last box is left open (a response cut at
-    the length limit) the result is None: the model never gave a final answer, and falling back
-    to an earlier box would reward an answer the model itself went on to abandon.
-    """
-    start = max(text.rfind(command) for command in _BOX_COMMANDS)
-    if start < 0:
-        return None
-    command = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
-    after = start + len(command)
-    i = after
-    while i < len(text) and text[i] == " ":
-        i += 1
-    if i < len(text) and text[i] != "{" and i > after:  # "\boxed 5": the argument is a token
-        return text[i:].split(maxsplit=1)[0].rstrip("$.") or None
-    if i >= len(text) or text[i] != "{":
-        return None  # "\boxedthing" is not a box; "\boxed" at the very end has no answer
-    depth = 0
-    for j in range(i, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                content = text[i + 1:j].strip()
-                return content or None
-    return None  # unclosed
-
 
 # ---------------------------------------------------------------------------- math_verify
 
@@ -110,34 +77,59 @@ def _equal(gold: list, predicted: list) -> bool:
     return False
 
 
-@REWARDS.register("math_verify")
-def math_verify(response: str, answer: str) -> float:
-    """1.0 when the response's final answer equals `answer` mathematically, else 0.0.
-
-    Equivalence is math-verify's: LaTeX or plain (`\\frac{1}{2}` = `0.5` = `1/2`), intervals
-    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`). The final answer is the
-    last complete `\\boxed{}`; without one, math-verify's own extraction reads the whole
-    response (an "answer is" anchor, else the last expression).
-
-    Raises ValueError when `answer` itself cannot be parsed, TimeoutError when math-verify
-    runs past VERIFY_TIMEOUT_S.
-    """
+def _gold(answer: str) -> list:
     gold = _parse(f"${answer}$", "reference answer")
     # parse() falls back to the raw string when LaTeX conversion fails ("\\frac{" → ["\\frac{"]);
     # a reference with no parsed expression is broken data, not an answer to match strings on.
     if all(isinstance(g, str) for g in gold):
         raise ValueError(f"math_verify: the reference answer {answer!r} could not be parsed")
+    return gold
+
+
+def _verify_boxed(boxed: str, answer: str, gold: list) -> float:
+    if not_a_value(boxed, answer) is not None:
+        return 0.0
+    predicted = _parse(f"\\boxed{{{boxed}}}", "response")
+    return 1.0 if predicted and _equal(gold, predicted) else 0.0
+
+
+@REWARDS.register("math_verify")
+def math_verify(response: str, answer: str) -> float:
+    """1.0 when the response's last complete `\\boxed{}` holds a value equal to `answer`
+    mathematically, else 0.0 (no box: 0.0).
+
+    Equivalence is math-verify's: LaTeX or plain (`\\frac{1}{2}` = `0.5` = `1/2`), intervals
+    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`), units in `\\text{}`. The
+    box must hold one value: not an unevaluated arithmetic expression of literals
+    (`84 - 12`), not alternatives (`41 \\text{ or } 42`), not over MAX_ANSWER_CHARS long.
+
+    Raises ValueError when `answer` itself cannot be parsed, TimeoutError when math-verify
+    runs past VERIFY_TIMEOUT_S.
+    """
+    gold = _gold(answer)
     boxed = last_boxed(response)
-    predicted = _parse(f"\\boxed{{{boxed}}}" if boxed is not None else response, "response")
+    return 0.0 if boxed is None else _verify_boxed(boxed, answer, gold)
+
+
+@REWARDS.register("math_verify_lenient")
+def math_verify_lenient(response: str, answer: str) -> float:
+    """`math_verify`, except that a response with no box goes whole to math-verify's own
+    extraction (an "answer is" anchor, else the last expression it finds).
+
+    Open to gaming: "The problem is 29 + 55 - 36. I do not know." scores 1.0 for 48 (a
+    SmolLM2 run learned exactly that). Kept, by name only, for models that never box early
+    in training; evaluation grades its runs with `math_verify`, and the run flags a reward
+    that rises while the boxed-answer rate falls.
+    """
+    gold = _gold(answer)
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return _verify_boxed(boxed, answer, gold)
+    predicted = _parse(response, "response")
     return 1.0 if predicted and _equal(gold, predicted) else 0.0
 
 
 # ---------------------------------------------------------------------------------- gsm8k
-
-
-def _to_number(text: str) -> fractions.Fraction:
-    # Exact, so "72.00" equals "72" and no float rounding can make two answers equal.
-    return fractions.Fraction(text.replace(",", "").replace("$", ""))
 
 
 def gsm8k_reference(answer: str) -> str:
@@ -147,7 +139,7 @@ def gsm8k_reference(answer: str) -> str:
     when no single number is there.
     """
     text = answer.rsplit("####", 1)[-1].strip().replace("$", "").rstrip(".")
-    match = _NUMBER.fullmatch(text)
+    match = NUMBER.fullmatch(text)
     if match is None:
         raise ValueError(f"gsm8k: the reference answer must be one number (after '####' if "
                          f"present), got {text[:80]!r}")
@@ -156,16 +148,15 @@ def gsm8k_reference(answer: str) -> str:
 
 @REWARDS.register("gsm8k")
 def gsm8k(response: str, answer: str) -> float:
-    """1.0 when the response's final number equals the reference number, else 0.0.
+    """1.0 when the response's last complete `\\boxed{}` holds one number equal to the
+    reference number, else 0.0 (no box: 0.0).
 
-    The reference is the number after `####` (a GSM8K solution) or a bare number. The
-    response's final number is the last number inside its last `\\boxed{}`, or else its last
-    number; commas and `$` are stripped, so "$1,234.00" matches "1234".
+    The reference is the number after `####` (a GSM8K solution) or a bare number. The box
+    may dress its number ("\\$1,234.00", "18 \\text{ dollars}"), not hold two ("18 or 19") or
+    an expression ("9 + 9").
     """
-    reference = _to_number(gsm8k_reference(answer))
-    boxed = last_boxed(response)
-    found = _NUMBER.findall((boxed if boxed is not None else response).replace("$", ""))
-    return 1.0 if found and _to_number(found[-1]) == reference else 0.0
+    reference = fractions.Fraction(gsm8k_reference(answer))
+    return 1.0 if as_number(last_boxed(response)) == reference else 0.0
 
 
 # --------------------------------------------------------------------------------- format
@@ -178,6 +169,11 @@ def format_reward(response: str, answer: str | None = None) -> float:
     """
     del answer
     return 1.0 if last_boxed(response) is not None else 0.0
+
+
+BOXED_REWARDS.update({"math_verify", "math_verify_lenient", "gsm8k", "format"})
+FORMAT_CHECKS.update({"math_verify": "format", "math_verify_lenient": "format", "gsm8k": "format"})
+STRICT_GRADERS["math_verify_lenient"] = "math_verify"
 
 
 # ------------------------------------------------------------------------ overlong penalty

@@ -4,12 +4,13 @@ import time
 import pytest
 
 from asyncrl.rewards import REWARDS, RewardPool
+from asyncrl.rewards.answers import last_boxed
 from asyncrl.rewards.math import (
     format_reward,
     gsm8k,
     gsm8k_reference,
-    last_boxed,
     math_verify,
+    math_verify_lenient,
     overlong_penalty,
 )
 from tests.rewards.helpers import wait_for
@@ -55,8 +56,8 @@ def test_last_boxed(text, content):
     # The last box decides, both ways (math-verify alone would grade the set {3, 4}).
     (r"I think \boxed{3}, wait, no: \boxed{4}", "4", 1.0),
     (r"I think \boxed{3}, wait, no: \boxed{4}", "3", 0.0),
-    # No box: math-verify's own extraction of the final answer.
-    ("so the answer is 5", "5", 1.0),
+    # No box: no answer (math_verify_lenient would extract one; see the next test).
+    ("so the answer is 5", "5", 0.0),
     # Wrong and unparsable.
     (r"\boxed{\frac{1}{3}}", r"\frac{1}{2}", 0.0),
     (r"\boxed{2}", "-2", 0.0),
@@ -66,6 +67,16 @@ def test_last_boxed(text, content):
 ])
 def test_math_verify(response, answer, reward):
     assert math_verify(response=response, answer=answer) == reward
+
+
+@needs_math_verify
+def test_math_verify_lenient_extracts_from_unboxed_responses_and_is_graded_strictly():
+    from asyncrl.rewards.registry import strict_grader
+
+    assert math_verify_lenient(response="so the answer is 5", answer="5") == 1.0
+    assert math_verify_lenient(response=r"\boxed{4} so the answer is 5", answer="5") == 0.0
+    assert strict_grader("math_verify_lenient") == "math_verify"
+    assert strict_grader("math_verify") == "math_verify"
 
 
 @needs_math_verify
@@ -90,16 +101,19 @@ def test_math_verify_turns_its_own_timeout_into_an_error(monkeypatch):
 
 
 @pytest.mark.parametrize("response, answer, reward", [
-    ("She has 18 dollars.", "Janet sells 16 - 3 - 4 = 9 eggs...\n#### 18", 1.0),
-    ("The total is $1,234.00.", "#### 1,234", 1.0),
-    (r"First 5, then \boxed{72} and 3 more words", "72", 1.0),  # the box beats the last number
+    (r"She has \boxed{18} dollars.", "Janet sells 16 - 3 - 4 = 9 eggs...\n#### 18", 1.0),
+    (r"The total is \boxed{\$1,234.00}.", "#### 1,234", 1.0),
+    (r"First 5, then \boxed{72} and 3 more words", "72", 1.0),  # the box, not the last number
     (r"\boxed{\$1,234}", "1234", 1.0),
-    ("it is -3", "#### -3", 1.0),
-    ("0.5 of them", "#### .5", 1.0),
-    ("18 or maybe 19", "#### 18", 0.0),
-    ("about 180", "#### 18", 0.0),
-    ("the numbers 3,4", "#### 34", 0.0),  # "3,4" is two numbers, not thirty-four
-    ("no number here", "#### 18", 0.0),
+    (r"\boxed{18 \text{ dollars}}", "#### 18", 1.0),
+    (r"it is \boxed{-3}", "#### -3", 1.0),
+    (r"\boxed{0.5} of them", "#### .5", 1.0),
+    ("She has 18 dollars.", "#### 18", 0.0),  # no box: the prompt asked for one
+    (r"\boxed{18 or maybe 19}", "#### 18", 0.0),
+    (r"\boxed{about 180}", "#### 18", 0.0),
+    (r"\boxed{3,4}", "#### 34", 0.0),  # "3,4" is two numbers, not thirty-four
+    (r"\boxed{9 + 9}", "#### 18", 0.0),
+    (r"\boxed{no number here}", "#### 18", 0.0),
     (r"\boxed{}", "#### 18", 0.0),
 ])
 def test_gsm8k(response, answer, reward):
@@ -145,7 +159,7 @@ def test_math_rewards_in_the_worker_pool_and_a_hanging_verifier_fails_its_call()
     with RewardPool(num_workers=3, timeout_s=4.0, plugins=(PLUGIN,)) as pool:
         pool.submit("right", "math_verify", response=r"\boxed{0.5}", answer=r"\frac{1}{2}")
         pool.submit("wrong", "math_verify", response=r"\boxed{2}", answer="3")
-        pool.submit("gsm8k", "gsm8k", response="so 1,234", answer="#### 1234")
+        pool.submit("gsm8k", "gsm8k", response=r"so \boxed{1,234}", answer="#### 1234")
         pool.submit("bad_reference", "math_verify", response="1", answer=r"\frac{")
         pool.submit("hangs", "test_math_verify_hangs", response=r"\boxed{2}", answer="2")
         pool.submit("hangs_unguarded", "test_math_verify_hangs_unguarded",
