@@ -41,7 +41,7 @@ from asyncrl.rollout.engine import Engine  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.run import train_config  # noqa: E402
 from asyncrl.servers.parameters import ParameterServer  # noqa: E402
-from asyncrl.train.trainer import TrainBatch, Trainer  # noqa: E402
+from asyncrl.train.trainer import TrainBatch, Trainer, cast_floats  # noqa: E402
 from experiments.grpo import get_config  # noqa: E402
 
 START = time.perf_counter()
@@ -258,15 +258,17 @@ def main() -> None:
     log(f"  {out['train']['step_s']:.3f}s a step, {out['train']['tflops']:.3f} TFLOP/s")
 
     log("weight push vs copy")
-    out["push"] = measure_push(state.params, trainer_mesh, rollout_meshes, 2 * args.repeats + 1)
+    # What a run pushes: the float32 master weights in the model's dtype.
+    policy = cast_floats(state.params, jnp.dtype(model.param_dtype))
+    out["push"] = measure_push(policy, trainer_mesh, rollout_meshes, 2 * args.repeats + 1)
     log(f"  push {out['push']['push_s'] * 1e3:.2f} ms, copy {out['push']['copy_s'] * 1e3:.2f} ms")
 
     # The instances decode with the pulled reference to the server's copy, as in a run.
     server = ParameterServer()
-    server.push(0, state.params)
-    params = server.pull("decode", shardings_for(state.params, rollout_meshes[0],
+    server.push(0, policy)
+    params = server.pull("decode", shardings_for(policy, rollout_meshes[0],
                                                  ShardingRules.replicated()))[1]
-    del state  # the optimiser state: the decode check needs only the weights
+    del state, policy  # the optimiser state: the decode check needs only the weights
     slots = [int(s) for s in args.slots.split(",")] if args.slots else \
         [c.rollout.num_slots] + ([8 * c.rollout.num_slots] if accelerator and not args.quick else [])
     out["decode"] = []

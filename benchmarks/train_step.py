@@ -124,7 +124,7 @@ def main() -> None:
     smol_tok_s, state = step_tokens_per_s(trainer, smol_batch, ARGS.repeats)
 
     print("weight push", flush=True)
-    params = state.params
+    params = trainer.policy_params(state.params)
     targets = shardings_for(params, rollout, ShardingRules.tensor_parallel("tp"))
     nbytes = sum(x.nbytes for x in jax.tree.leaves(params))
     # The same bytes as one flat buffer, split over the trainer devices the same way on both

@@ -44,6 +44,8 @@ def get_config(arg: str | None = None):
                     instances=4)
     c = grpo.get_config(f"eta={arg.eta}")
     c.model.checkpoint = arg.model
+    # The forward and backward passes and the weights rollout gets; the trainer keeps float32
+    # master weights and Adam moments (asyncrl/train/trainer.py).
     c.model.param_dtype = "bfloat16"
 
     c.task.dataset = arg.dataset

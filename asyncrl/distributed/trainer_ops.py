@@ -9,8 +9,8 @@ that touch the trainer's arrays:
     group.save(state, resume)                        # the Orbax checkpoint
     group.stop()                                     # the followers leave; checkpoints close
 
-One process: these are the plain calls (no broadcast, `host_params` is `state.params`), so a
-single-process run is what it was. A trainer group (multi-controller JAX): every process runs
+One process: these are the plain calls (no broadcast; `host_params` is
+`trainer.policy_params(state.params)`), so a single-process run is what it was. A trainer group (multi-controller JAX): every process runs
 the same program on one global mesh, so each collective must be issued by every process, in
 the same order. Process 0 decides (it alone has the rollouts, the data and the schedule) and
 announces each operation before doing it: an op code and a JSON header (the batch's shapes,
@@ -66,9 +66,9 @@ class TrainerGroup:
         """Weights process 0 can hand to its rollouts and evaluator. In a group the arrays
         span every process (not addressable here): they are gathered to host copies."""
         if self.processes == 1:
-            return state.params
+            return self.trainer.policy_params(state.params)
         with self._collective(PARAMS, {}):
-            return gather(state.params)
+            return gather(self.trainer.policy_params(state.params))
 
     def save(self, state: TrainState, resume: ResumeData) -> int:
         if self.processes == 1:
@@ -108,7 +108,7 @@ def follow(trainer: Trainer, checkpointer: Checkpointer, state: TrainState) -> N
                     batch = share(_placeholder_batch(header["shapes"], trainer.group_size), trainer.mesh)
                     state, _ = trainer.step(state, trainer.put_batch(batch))
                 elif op == PARAMS:
-                    gather(state.params)
+                    gather(trainer.policy_params(state.params))
                 elif op == SAVE:
                     arrays = {k: np.zeros(shape, np.dtype(dtype))
                               for k, (shape, dtype) in header["arrays"].items()}

@@ -393,11 +393,11 @@ def _restore_elsewhere(trainer: Trainer, source: Path) -> tuple[TrainState, Resu
 def restore_params(trainer: Trainer, source: str | Path) -> tuple[Any, int]:
     """The policy params and step of a checkpoint root (its latest step) or one step folder."""
     state, _, _ = _restore_elsewhere(trainer, Path(source).absolute())
-    return state.params, int(jax.device_get(state.step))
+    return trainer.policy_params(state.params), int(jax.device_get(state.step))
 
 
 def export_policy(folder: str | Path, trainer: Trainer, state: TrainState, tokenizer=None) -> Path:
     """The trained policy as a Hugging Face folder (`AutoModelForCausalLM.from_pretrained`)."""
     with jax.transfer_guard("allow"):  # an intended gather of every shard to the host
-        params = jax.device_get(state.params)
+        params = jax.device_get(trainer.policy_params(state.params))
     return export_hf(folder, trainer.model_config, params, tokenizer)

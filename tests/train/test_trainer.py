@@ -184,3 +184,32 @@ def test_remat_policies_change_memory_not_the_update(trainer):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), params, baseline)
     with pytest.raises(ValueError, match="unknown remat policy 'some'; registered: dots, full, none"):
         dataclasses.replace(CONFIG, remat="some")
+
+
+def test_bf16_compute_trains_float32_master_weights_at_a_small_learning_rate():
+    # A bf16 model at 1e-6 (experiments/gsm8k.py's setting): Adam's first step moves every
+    # weight with a gradient by about the learning rate. Kept in bf16 (spacing 2^-15 ≈ 3e-5
+    # at 0.02) almost all of those updates round away; the float32 master keeps them.
+    model = dataclasses.replace(MODEL, param_dtype="bfloat16")
+    config = TrainConfig(learning_rate=1e-6, weight_decay=0.0, max_grad_norm=1e9)
+    trainer = Trainer.create(config, model, trainer_mesh(jax.devices()[:1]), G)
+    state = trainer.init_state()
+    before = jax.device_get(state.params)
+    assert {leaf.dtype for leaf in jax.tree.leaves(before)} == {np.dtype(np.float32)}
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.opt_state) if leaf.ndim} == {np.dtype(np.float32)}
+    state, _ = trainer.step(state, trainer.put_batch(make_batch(0)))
+    after = jax.device_get(state.params)
+    moved = np.concatenate([np.abs(a - b).ravel() for a, b in
+                            zip(jax.tree.leaves(after), jax.tree.leaves(before))])
+    # (Embedding rows of tokens the batch lacks have no gradient: 89% move on this batch.)
+    assert (moved > 0).mean() > 0.8, (moved > 0).mean()
+    assert np.median(moved[moved > 0]) == pytest.approx(1e-6, rel=0.05)
+    # What rollout gets: the master in the model's dtype, on the same shards.
+    policy = trainer.policy_params(state.params)
+    for master, cast in zip(jax.tree.leaves(state.params), jax.tree.leaves(policy)):
+        assert cast.dtype == jnp.bfloat16 and cast.sharding == master.sharding
+        np.testing.assert_array_equal(np.asarray(cast), np.asarray(master.astype(jnp.bfloat16)))
+    # The same update applied to bf16 weights, as the trainer kept them before, is lost.
+    kept_bf16 = [(b.astype(jnp.bfloat16) + (a - b)).astype(jnp.bfloat16) != b.astype(jnp.bfloat16)
+                 for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before))]
+    assert np.concatenate([np.ravel(k) for k in kept_bf16]).mean() < 0.2
