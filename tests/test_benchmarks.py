@@ -129,3 +129,57 @@ def test_learning_benchmark_ranks_a_run_that_never_reached_the_target_last():
     assert learning.goal_met(1.536, {**finals, "staleflow": [0.59, 0.6, 0.45]})
     assert not learning.goal_met(1.4, {**finals, "staleflow": [0.7, 0.7, 0.7]})
     assert not learning.goal_met(None, finals)
+
+
+def _reward_audit():
+    spec = importlib.util.spec_from_file_location("reward_audit", ROOT / "benchmarks" / "reward_audit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_reward_audit_task_splits_share_no_problem_and_load_as_math_files(tmp_path):
+    from asyncrl.data.math_data import load_math
+
+    paths = _reward_audit().write_task(tmp_path, train=300, heldout=40, seed=3)
+    loaded = {name: load_math(path) for name, path in paths.items()}
+    questions = {name: {p.question for p in data} for name, data in loaded.items()}
+    assert [len(questions[n]) for n in ("train", "validation", "test")] == [300, 40, 40]
+    assert not questions["train"] & questions["test"]
+    assert not questions["train"] & questions["validation"]
+    assert not questions["validation"] & questions["test"]
+    for problem in loaded["test"]:  # the gold is the expression's value
+        assert int(problem.answer) == eval(problem.question.removeprefix("What is ").rstrip("?"))
+
+
+def test_reward_audit_recounts_strictly_and_shows_what_the_lenient_grader_would_report(tmp_path):
+    audit = _reward_audit()
+    rows = [  # (response, gold, what the run's grader said)
+        (r"so \boxed{48}", "48", True),
+        (r"\boxed{-10}", "-10", True),
+        (r"\boxed{29 + 55 - 36}", "48", False),
+        ("The problem is 29 + 55 - 36. I do not know.", "48", False),
+        (r"\boxed{47}", "48", False),
+    ]
+    path = tmp_path / "after.jsonl"
+    path.write_text("".join(json.dumps(
+        {"response": r, "answer": a, "correct": c, "grader": "math_verify", "formatted": True,
+         "cut": False, "length": 10}) + "\n" for r, a, c in rows))
+    figures = audit.recount(path)
+    assert figures["reported"] == figures["strict_recount"] == 0.4
+    assert figures["within_5_points"] and figures["difference_points"] == 0.0
+    # math-verify's extraction pays the restated problem.
+    assert figures["lenient_would_report"] == 0.6
+    assert not audit.strict_correct(r"\boxed{48", "48") and audit.strict_correct(r"\boxed{ 48 }", "48")
+
+
+def test_reward_audit_benchmark(tmp_path):
+    # One step of the real recipe on SmolLM2, 8 held-out problems: the JSON and the recount.
+    result = _last_json("reward_audit.py", f"--workdir={tmp_path}", "--config.train.steps=1",
+                        "--config.train.batch_size=2", "--config.eval.heldout_size=8",
+                        "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
+                        "--config.rollout.max_new_tokens=16", "--config.eval.max_new_tokens=16")
+    assert result["problems"] == 8 and result["grader"] == "math_verify"
+    assert result["trained_on"] == "math_verify" and result["before"]["problems"] == 8
+    assert abs(result["reported"] - result["strict_recount"]) <= 0.05
+    assert {"lenient_would_report", "format_rate", "cut_rate", "reward_hacking"} <= set(result)
