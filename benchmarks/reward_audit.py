@@ -133,7 +133,9 @@ def main() -> None:
                    f"--config.task.instruction={INSTRUCTION}",
                    f"--config.seed={args.seed}", f"--config.task.seed={args.seed}", *flags]
         print(" ".join(command), file=sys.stderr)
-        subprocess.run(command, cwd=ROOT, check=True)
+        finished = subprocess.run(command, cwd=ROOT)
+        if finished.returncode:  # the run printed why; its status is the benchmark's
+            sys.exit(finished.returncode)
     figures = {label: recount(run_dir / "responses" / f"{label}.jsonl")
                for label in ("before", "after")}
     results = json.loads((run_dir / "results.json").read_text())

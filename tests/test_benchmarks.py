@@ -176,6 +176,7 @@ def test_reward_audit_recounts_strictly_and_shows_what_the_lenient_grader_would_
 def test_reward_audit_benchmark(tmp_path):
     # One step of the real recipe on SmolLM2, 8 held-out problems: the JSON and the recount.
     result = _last_json("reward_audit.py", f"--workdir={tmp_path}", "--config.train.steps=1",
+                        "--config.train.warmup_steps=0",
                         "--config.train.batch_size=2", "--config.eval.heldout_size=8",
                         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
                         "--config.rollout.max_new_tokens=16", "--config.eval.max_new_tokens=16")

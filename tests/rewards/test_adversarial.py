@@ -172,12 +172,13 @@ def test_format_reports_the_missing_box(response, score):
 
 
 @pytest.mark.parametrize("response, score", [
-    ("3", 1.0), (" 3", 1.0), ("3+1", 1.0), ("33", 0.0), ("13", 0.0), ("", 0.0), ("2", 0.0),
+    ("3", 1.0), (" 3 ", 1.0), ("33", 0.5), ("3+1", 1 / 3), ("3333", 0.25), ("13", 0.0),
+    ("", 0.0), ("2", 0.0),
 ])
-def test_answer_first_reads_a_whole_number(response, score):
-    # Lenient by design (what follows the answer is ignored), so its runs are graded by
+def test_answer_first_pays_the_answer_in_full_only_when_nothing_follows(response, score):
+    # Partial credit by design (it teaches the tiny model to stop), so its runs are graded by
     # exact_answer, under which "3+1" is no answer.
-    assert REWARDS.get("answer_first")(response=response, answer="3") == score
+    assert REWARDS.get("answer_first")(response=response, answer="3") == pytest.approx(score)
     assert strict_grader("answer_first") == "exact_answer"
     assert REWARDS.get("exact_answer")(response="3+1", answer="3") == 0.0
 
