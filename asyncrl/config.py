@@ -18,6 +18,7 @@ import ml_collections
 from asyncrl.config_args import ConfigError, missing_field, parse_arg  # noqa: F401 - the config API
 from asyncrl.coordinator.admission import ADMISSIONS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
+from asyncrl.rollout.pages import ATTENTION_BACKENDS, PREEMPTION
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
 from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, router_needs_latency
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
@@ -131,7 +132,8 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
         ("mesh.devices_per_instance", 1), ("train.num_microbatches", 1),
         ("checkpoint.every_steps", 0), ("checkpoint.keep", 1), ("rewards.workers", 1),
         ("eval.heldout_size", 0), ("eval.every_steps", 0), ("eval.samples", 0),
-        ("train.warmup_steps", 0),
+        ("train.warmup_steps", 0), ("rollout.page_size", 0), ("rollout.num_pages", 0),
+        ("rollout.decode_steps_per_dispatch", 1),
         ("task.seed", 0), ("seed", 0),
     ]:
         _int_at_least(config, field, minimum)
@@ -211,6 +213,42 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
               f"{routing} routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
+    _validate_kv(config.rollout, config.coordinator.partial_rollout)
+
+
+def _validate_kv(rollout, partial_rollout: bool) -> None:
+    max_len = rollout.prompt_bucket + rollout.max_new_tokens
+    if rollout.page_size and max_len % rollout.page_size:
+        _fail("rollout.page_size", rollout.page_size,
+              f"0 (contiguous) or a divisor of rollout.prompt_bucket + rollout.max_new_tokens "
+              f"= {max_len}")
+    if rollout.num_pages and not rollout.page_size:
+        _fail("rollout.num_pages", rollout.num_pages, "0 unless rollout.page_size > 0")
+    if rollout.num_pages and rollout.num_pages < max_len // rollout.page_size:
+        _fail("rollout.num_pages", rollout.num_pages,
+              f"at least one sequence of {max_len} positions: "
+              f"{max_len // rollout.page_size} pages of {rollout.page_size}")
+    if rollout.page_size:
+        # What one group needs through its first dispatch (the prompt's full pages once, a
+        # private last page and the dispatch's growth each), or with partial rollout off its
+        # whole budget each: a pool smaller than that could never admit it.
+        ps, group = rollout.page_size, rollout.group_size
+        width = max_len // ps
+        need = (rollout.prompt_bucket // ps
+                + group * (1 + -(-rollout.decode_steps_per_dispatch // ps)))
+        if not partial_rollout:
+            need = group * width
+        pages = rollout.num_pages or rollout.num_slots * width
+        if pages < need:
+            field = "rollout.num_pages" if rollout.num_pages else "rollout.num_slots"
+            _fail(field, getattr(rollout, field.split(".")[1]),
+                  f"a pool of {pages} pages of {ps} cannot admit a group of {group} "
+                  f"(needs {need}" + ("" if partial_rollout else
+                                      ": without partial rollout, each its whole budget") + ")")
+    if rollout.preemption not in PREEMPTION:
+        _fail("rollout.preemption", rollout.preemption, f"one of {PREEMPTION}")
+    if rollout.attention not in ATTENTION_BACKENDS:
+        _fail("rollout.attention", rollout.attention, f"one of {ATTENTION_BACKENDS}")
 
 
 def _check_devices(config, device_count: int, processes: int = 1, process_index: int = 0) -> None:

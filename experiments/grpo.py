@@ -62,6 +62,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.temperature = 1.0
     c.rollout.top_k = 0
     c.rollout.top_p = 1.0
+    # The KV cache (asyncrl/rollout/engine.py). page_size 0: one contiguous row of
+    # prompt_bucket + max_new_tokens per slot. > 0 (dividing that length): pages taken as a
+    # sequence grows, a group's prompt pages shared, attention over live pages only.
+    c.rollout.page_size = 0
+    # Pages in the pool; 0: num_slots rows' worth. Fewer than the slots could fill at full
+    # length admit by free pages and preempt (`preemption`) into the resume path when short.
+    c.rollout.num_pages = 0
+    c.rollout.preemption = "newest"  # or "longest"
+    c.rollout.decode_steps_per_dispatch = 1  # decode steps run on device per host dispatch
+    c.rollout.attention = "auto"  # paged attention: auto, gather (XLA), tpu_ragged (Pallas)
 
     c.staleness = ml_collections.ConfigDict()
     c.staleness.eta = arg.eta

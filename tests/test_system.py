@@ -147,6 +147,21 @@ def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_pat
     assert max(lag for r in rows for lag in r["staleness"]) > 0  # still asynchronous
 
 
+def test_a_paged_cache_too_small_for_every_slot_preempts_and_keeps_the_bound(tmp_path):
+    # 48 pages of 4 for 32 slots of 28 positions (7 pages each): the instances admit by
+    # pages, hand sequences back when they outgrow the pool, and the coordinator resumes them.
+    steps = 6
+    run(tiny(train__steps=steps, rollout__page_size=4, rollout__num_pages=48,
+             rollout__decode_steps_per_dispatch=2, rollout__max_new_tokens=12,
+             eval__heldout_size=8), tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert len(rows) == steps
+    assert all(0 <= lag <= 2 for r in rows for lag in r["staleness"])
+    entries = consumed_entries(rows)
+    assert len(entries) == len(set(entries)) == steps * 8
+    assert rows[-1]["kv_preemptions"] > 0, "the pool never ran short: the test tests nothing"
+
+
 def test_a_failing_instance_has_its_work_rerouted(tmp_path, caplog):
     def break_instance_1(built):
         engine = built.instances[1].engine
@@ -259,6 +274,9 @@ def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
     ({"train__eps_low": 1.0}, r"config.train.eps_low = 1.0 is not allowed: expected a number in \[0, 1\)"),
     ({"train__eps_high": -0.1}, r"config.train.eps_high = -0.1 is not allowed: expected a number ≥ 0"),
     ({"train__tis_cap": -1.0}, r"config.train.tis_cap = -1.0 is not allowed: expected a number ≥ 0 \(0 turns the cap off\)"),
+    ({"rollout__page_size": 3}, r"config.rollout.page_size = 3 is not allowed: 0 \(contiguous\) or a divisor of rollout.prompt_bucket \+ rollout.max_new_tokens = 20"),
+    ({"rollout__page_size": 4, "rollout__num_pages": 2}, r"config.rollout.num_pages = 2 is not allowed: at least one sequence of 20 positions: 5 pages of 4"),
+    ({"rollout__preemption": "oldest"}, r"config.rollout.preemption = 'oldest' is not allowed: one of \('newest', 'longest'\)"),
 ])
 def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -34,7 +34,7 @@ from jax.sharding import Mesh
 
 from asyncrl.distributed.transport import make_receiver, pull_watched
 from asyncrl.model import ShardingRules, abstract_params, shardings_for
-from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.engine import Engine, KVOptions
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import InstanceFailed
 
@@ -56,6 +56,7 @@ class InstanceSpec:
     transport: str
     transfer_host: str
     pull_timeout_s: float
+    kv: Any = None  # asyncrl.rollout.engine.KVOptions; None: contiguous, one step per dispatch
 
 
 class Outbox:
@@ -121,7 +122,8 @@ class InstanceActor:
         self.shardings = shardings_for(self.abstract, mesh, rules)
         engine = Engine(graphdef, spec.model_config, num_slots=spec.num_slots,
                         max_len=spec.max_len, prompt_buckets=(spec.prompt_bucket,),
-                        sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules)
+                        sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules,
+                        **(spec.kv or KVOptions()).as_kwargs())
         receiver_kwargs = {"jax_transfer": {"host": spec.transfer_host},
                            "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
         self.receiver = make_receiver(spec.transport, **receiver_kwargs)

@@ -32,6 +32,7 @@ from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
 from asyncrl.drivers.local import LocalRollouts
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.placement import split_by_process
+from asyncrl.rollout.engine import KVOptions
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.train.trainer import trainer_mesh
 
@@ -105,7 +106,8 @@ class RayRollouts(LocalRollouts):
             prompt_bucket=c.rollout.prompt_bucket, sampling=SamplingParams.of_rollout(c.rollout),
             seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
             devices=c.mesh.devices_per_instance, transport=name, transfer_host=d.transfer_host,
-            pull_timeout_s=d.pull_timeout_s)
+            pull_timeout_s=d.pull_timeout_s,
+            kv=KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout))
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
         actor_class = ray.remote(InstanceActor).options(

@@ -20,7 +20,7 @@ from asyncrl.drivers.threaded import ThreadedDriver
 from asyncrl.model import ShardingRules, graphdef_for, shardings_for
 from asyncrl.policy import Policy, PromptStream
 from asyncrl.rewards import RewardPool
-from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.engine import Engine, KVOptions
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.servers.parameters import ParameterServer
@@ -44,7 +44,8 @@ class LocalRollouts:
         for i, mesh in enumerate(meshes):
             engine = Engine(graphdef, policy.config, num_slots=c.rollout.num_slots,
                             max_len=self.max_len, prompt_buckets=(c.rollout.prompt_bucket,),
-                            sampling=sampling, seed=c.seed, mesh=mesh, rules=rules)
+                            sampling=sampling, seed=c.seed, mesh=mesh, rules=rules,
+                            **KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout).as_kwargs())
             shardings = shardings_for(policy.params, mesh, rules)
 
             def pull(newer_than, instance=i, shardings=shardings):
@@ -117,6 +118,10 @@ class LocalRollouts:
         figures["push_s_mean"] = float(np.mean(pushes)) if pushes else 0.0
         decode_steps = sum(s.decode_steps for s in snapshots)
         figures["decode_step_s_mean"] = sum(s.decode_s for s in snapshots) / max(decode_steps, 1)
+        # A paged cache's pressure: sequences handed back for want of pages, pool in use now.
+        figures["kv_preemptions"] = float(sum(s.preemptions for s in snapshots))
+        figures["kv_pages_used_frac"] = (sum(s.kv_pages_used for s in snapshots)
+                                         / max(sum(s.kv_pages for s in snapshots), 1))
         prefill_tokens = sum(s.prefill_tokens for s in snapshots)
         figures["prefill_s_per_token"] = sum(s.prefill_s for s in snapshots) / max(prefill_tokens, 1)
         return figures

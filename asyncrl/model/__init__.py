@@ -26,6 +26,7 @@ _EXPORTS = {
     "Llama3RopeScaling": "asyncrl.model.config",
     "ModelConfig": "asyncrl.model.config",
     "ModelFileError": "asyncrl.model.errors",
+    "PagedKVCache": "asyncrl.model.paged",
     "REMAT_POLICIES": "asyncrl.model.remat",
     "ShardingRules": "asyncrl.model.sharding",
     "abstract_params": "asyncrl.model.transformer",

@@ -25,12 +25,16 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from asyncrl.model.config import ModelConfig
+from asyncrl.model.paged import PagedKVCache
 from asyncrl.model.transformer import KVCache, abstract_params, init_params
 
 MeshAxes = str | tuple[str, ...] | None
 
 # Cache leaves are plain arrays, not Params, so their logical axes are declared here.
 CACHE_AXES = ("layers", "batch", "cache_seq", "kv_heads", "head_dim")
+# A page pool [L, P, page_size, 2K, H]: kv heads split as the weights' are (each device keeps
+# its heads' interleaved key / value pairs); pages are shared by all rows, so never split.
+PAGE_AXES = ("layers", None, None, "kv_heads", "head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +110,9 @@ def shardings_for(tree: Any, mesh: Mesh, rules: ShardingRules) -> Any:
         if isinstance(node, KVCache):
             return jax.tree.map(
                 lambda x: NamedSharding(mesh, rules.spec(CACHE_AXES, x.shape, mesh)), node)
+        if isinstance(node, PagedKVCache):
+            return jax.tree.map(lambda _: NamedSharding(mesh, PartitionSpec()), node).replace(
+                pages=NamedSharding(mesh, rules.spec(PAGE_AXES, node.pages.shape, mesh)))
         if isinstance(node, nnx.Variable):
             axes = node.get_metadata().get("logical_axes")
             spec = (PartitionSpec() if axes is None
@@ -113,7 +120,7 @@ def shardings_for(tree: Any, mesh: Mesh, rules: ShardingRules) -> Any:
             return node.replace(NamedSharding(mesh, spec))
         return NamedSharding(mesh, PartitionSpec())
 
-    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, (nnx.Variable, KVCache)))
+    return jax.tree.map(one, tree, is_leaf=lambda x: isinstance(x, (nnx.Variable, KVCache, PagedKVCache)))
 
 
 def init_sharded(config: ModelConfig, seed: int, mesh: Mesh, rules: ShardingRules):

@@ -18,6 +18,9 @@ between meshes with `jax.device_put`.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import flax.struct
 import jax
 import jax.numpy as jnp
@@ -109,11 +112,11 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, c.norm_eps, dt, **norm)
             self.k_norm = RMSNorm(h, c.norm_eps, dt, **norm)
 
-    def __call__(self, x, positions, sin, cos, cache_kv):
-        """x [B, T, D], positions [B, T]; cache_kv None or (k, v, layer): the whole stacked
-        cache, k and v each [L, B, S, K, H], and this layer's index (int32 scalar).
+    def __call__(self, x, positions, sin, cos, cache):
+        """x [B, T, D], positions [B, T]; cache None or a KVCache / PagedKVCache holding every
+        layer, with `layer` set to this one (see `Decoder.hidden`).
 
-        Returns the attention output [B, T, D] and the updated (k, v, layer)."""
+        Returns the attention output [B, T, D] and the updated cache."""
         c = self.config
         q = jnp.einsum("BTD,DNH->BTNH", x, self.q[...])
         k = jnp.einsum("BTD,DKH->BTKH", x, self.k[...])
@@ -128,25 +131,11 @@ class Attention(nnx.Module):
         batch, length = x.shape[:2]
         q = q.reshape(batch, length, c.num_kv_heads, c.num_groups, c.head_dim)
 
-        if cache_kv is None:
+        if cache is None:
             mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, S=T]
             return self._out(_attend(q, k, v, mask, x.dtype)), None
-
-        cache_k, cache_v, layer = cache_kv
-        # One scatter into the full stacked cache, which is the scan carry: XLA updates the
-        # carried buffer in place, so a step writes B*T rows instead of copying the cache.
-        # mode="drop": writes at index >= S vanish instead of clamping onto the last slot.
-        at = (jnp.broadcast_to(layer, positions.shape), jnp.arange(batch)[:, None], positions)
-        cache_k = cache_k.at[at].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[at].set(v.astype(cache_v.dtype), mode="drop")
-        keys = jax.lax.dynamic_index_in_dim(cache_k, layer, keepdims=False)  # [B, S, K, H]
-        values = jax.lax.dynamic_index_in_dim(cache_v, layer, keepdims=False)
-        mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        if length == 1 and _flat_decode():
-            out = _attend_one_flat(q[:, 0], keys, values, mask[:, 0], x.dtype)[:, None]
-        else:
-            out = _attend(q, keys.astype(q.dtype), values.astype(x.dtype), mask, x.dtype)
-        return self._out(out), (cache_k, cache_v, layer)
+        out, cache = cache.attend(q, k, v, positions, x.dtype)
+        return self._out(out), cache
 
     def _out(self, out):
         """[B, T, K, G, H] -> [B, T, D]."""
@@ -228,10 +217,31 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_dim, config.norm_eps, config.param_dtype, **s)
         self.mlp = MLP(config, rngs, **s)
 
-    def __call__(self, x, positions, sin, cos, cache_kv):
-        attn_out, cache_kv = self.attn(self.attn_norm(x), positions, sin, cos, cache_kv)
+    def __call__(self, x, positions, sin, cos, cache):
+        attn_out, cache = self.attn(self.attn_norm(x), positions, sin, cos, cache)
         x = x + attn_out
-        return x + self.mlp(self.mlp_norm(x)), cache_kv
+        return x + self.mlp(self.mlp_norm(x)), cache
+
+
+_UNROLL_LAYERS = contextvars.ContextVar("unroll_layers", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_layers(unroll: int | bool = True):
+    """While active, `Decoder.hidden` traces its layer scan with `jax.lax.scan(unroll=unroll)`:
+    True unrolls it fully, an int puts that many layers in each loop iteration.
+
+    For cost analysis only (asyncrl/tpu_compile.py): XLA's cost analysis counts a while
+    loop's body once whatever its trip count, so a scanned model reads as one layer's bytes
+    and flops. Unrolled, every layer is its own code and is counted. Off by default because
+    compile time then grows with depth. It is read at trace time and jit's cache does not know
+    of it: a function traced before keeps its loop, so trace a fresh one inside the block.
+    """
+    token = _UNROLL_LAYERS.set(unroll)
+    try:
+        yield
+    finally:
+        _UNROLL_LAYERS.reset(token)
 
 
 class Decoder(nnx.Module):
@@ -247,24 +257,24 @@ class Decoder(nnx.Module):
             # [V, D] like the embedding, so tied and untied share one unembed einsum.
             self.lm_head = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
 
-    def __call__(self, tokens, positions, cache_kv=None, logits_at=None):
-        """tokens, positions [B, T] int32; cache_kv None or (k, v) each [L, B, S, K, H];
+    def __call__(self, tokens, positions, cache=None, logits_at=None):
+        """tokens, positions [B, T] int32; cache None, a KVCache or a PagedKVCache;
         logits_at None or [B] int32, the one index along T per row whose logits are wanted.
 
-        Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated (k, v)
+        Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated cache
         (None without a cache).
         """
-        x, cache_kv = self.hidden(tokens, positions, cache_kv)
+        x, cache = self.hidden(tokens, positions, cache)
         if logits_at is not None:
             # A prefill needs the last prompt token's logits only; unembedding every padded
             # position would cost T x V x D, a fifth of a prefill's arithmetic at SmolLM2's
             # shapes.
             x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
-        return unembed(x, self.unembedding_table()), cache_kv
+        return unembed(x, self.unembedding_table()), cache
 
-    def hidden(self, tokens, positions, cache_kv=None, remat: str = "none"):
+    def hidden(self, tokens, positions, cache=None, remat: str = "none"):
         """The final-normed hidden states [B, T, D] that the unembedding reads, and the
-        updated (k, v) (None without a cache). remat: a REMAT_POLICIES name; it only matters
+        updated cache (None without one). remat: a REMAT_POLICIES name; it only matters
         under differentiation."""
         c = self.config
         x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, D]
@@ -272,29 +282,30 @@ class Decoder(nnx.Module):
         block_def, block_params = nnx.split(self.blocks)
 
         # Scan over the stacked leading L axis; each step rebuilds one layer's Block view.
-        if cache_kv is None:
+        if cache is None:
             def layer(x, params):
                 return nnx.merge(block_def, params)(x, positions, sin, cos, None)[0], None
 
             policy = REMAT_POLICIES.get(remat)()
             if policy is not None:
                 layer = jax.checkpoint(layer, policy=policy, prevent_cse=False)
-            x, _ = jax.lax.scan(layer, x, block_params)
+            x, _ = jax.lax.scan(layer, x, block_params, unroll=_UNROLL_LAYERS.get())
         else:
-            # The whole cache rides in the carry and each layer scatters its rows into it.
+            # The whole cache rides in the carry and each layer writes its rows into it.
             # Scanning it as xs / ys instead slices a layer out, copies it, and writes it
             # back into a fresh ys buffer: several copies of the cache per decode step.
             def layer(carry, xs):
-                x, k, v = carry
+                x, cache = carry
                 params, index = xs
-                x, (k, v, _) = nnx.merge(block_def, params)(x, positions, sin, cos,
-                                                            (k, v, index))
-                return (x, k, v), None
+                x, cache = nnx.merge(block_def, params)(x, positions, sin, cos,
+                                                        cache.replace(layer=index))
+                return (x, cache), None
 
             layers = jnp.arange(c.num_layers, dtype=jnp.int32)
-            (x, k, v), _ = jax.lax.scan(layer, (x, *cache_kv), (block_params, layers))
-            cache_kv = (k, v)
-        return self.final_norm(x), cache_kv
+            (x, cache), _ = jax.lax.scan(layer, (x, cache.replace(layer=layers[0])),
+                                         (block_params, layers), unroll=_UNROLL_LAYERS.get())
+            cache = cache.replace(layer=None)  # the caller's pytree structure, unchanged
+        return self.final_norm(x), cache
 
     def unembedding_table(self) -> jax.Array:
         """[V, D]: the embedding itself when tied, else lm_head."""
@@ -312,6 +323,7 @@ class KVCache:
 
     k: jax.Array  # [L, B, S, K, H]
     v: jax.Array  # [L, B, S, K, H]
+    layer: jax.Array | None = None  # int32 scalar: the layer attending now (set by the scan)
 
     @classmethod
     def init(cls, config: ModelConfig, batch: int, max_len: int, dtype=None) -> "KVCache":
@@ -322,6 +334,26 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k.shape[2]
+
+    def attend(self, q, k, v, positions, dtype):
+        """Writes this layer's k / v [B, T, K, H] at `positions` and attends q [B, T, K, G, H]
+        over slots j <= position. Returns ([B, T, K, G, H], the updated cache)."""
+        batch = q.shape[0]
+        # One scatter into the full stacked cache, which is the scan carry: XLA updates the
+        # carried buffer in place, so a step writes B*T rows instead of copying the cache.
+        # mode="drop": writes at index >= S vanish instead of clamping onto the last slot.
+        at = (jnp.broadcast_to(self.layer, positions.shape), jnp.arange(batch)[:, None],
+              positions)
+        cache_k = self.k.at[at].set(k.astype(self.k.dtype), mode="drop")
+        cache_v = self.v.at[at].set(v.astype(self.v.dtype), mode="drop")
+        keys = jax.lax.dynamic_index_in_dim(cache_k, self.layer, keepdims=False)  # [B, S, K, H]
+        values = jax.lax.dynamic_index_in_dim(cache_v, self.layer, keepdims=False)
+        mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        if q.shape[1] == 1 and _flat_decode():
+            out = _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
+        else:
+            out = _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
+        return out, self.replace(k=cache_k, v=cache_v)
 
 
 def init_params(config: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
@@ -339,14 +371,14 @@ def graphdef_for(config: ModelConfig) -> nnx.GraphDef:
     return abstract_params(config)[0]
 
 
-def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
-          cache: KVCache | None = None,
-          logits_at: jax.Array | None = None) -> tuple[jax.Array, KVCache | None]:
+def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions, cache=None,
+          logits_at: jax.Array | None = None):
     """logits [B, T, V] float32 for tokens [B, T] at positions [B, T]; with logits_at [B]
     int32, only each row's logits at that index along T: [B, 1, V].
 
     Without a cache: causal attention among the T tokens, by comparing positions.
-    With a cache: each token's k/v is written at slot positions[b, t] (dropped if >= S), and
+    With a PagedKVCache: the same, through its page table (see asyncrl/model/paged.py).
+    With a KVCache: each token's k/v is written at slot positions[b, t] (dropped if >= S), and
     the query at positions[b, t] attends to slots j <= positions[b, t]. Prefill is positions
     0..T-1; decode is one token per row at its own position. Right padding at positions
     len, len+1, ... is harmless: later decode steps overwrite those slots before any query
@@ -355,12 +387,7 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
     Pure: jit it with `jax.jit(apply, static_argnums=0)` (a graphdef is hashable) and donate
     the cache.
     """
-    model = nnx.merge(graphdef, params)
-    cache_kv = None if cache is None else (cache.k, cache.v)
-    logits, cache_kv = model(tokens, positions, cache_kv, logits_at)
-    if cache is None:
-        return logits, None
-    return logits, cache.replace(k=cache_kv[0], v=cache_kv[1])
+    return nnx.merge(graphdef, params)(tokens, positions, cache, logits_at)
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,

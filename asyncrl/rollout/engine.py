@@ -1,7 +1,11 @@
 """A JetStream-style rollout engine: fixed decode slots, bucketed prefill, hot-swappable weights.
 
-The device holds a `DecodeState`: one KV-cache row per slot plus a few [B] vectors, fixed shape,
-donated to every jitted call that updates it. The host holds, per slot, the `Trajectory` being
+The device holds a `DecodeState`: the KV cache plus a few [B] vectors, fixed shape, donated to
+every jitted call that updates it. The cache is either one contiguous row of max_len per slot,
+or (`page_size`) a pool of pages that slots take as they grow (asyncrl/rollout/pages.py keeps
+which, on the host): admission is then by free pages, a GRPO group shares its prompt's pages,
+attention reads pages through a table (asyncrl/model/paged.py), and a dispatch that would
+outgrow the pool is refused until `preempt` hands a sequence back, partial, to resume. The host holds, per slot, the `Trajectory` being
 generated there (ids, tokens so far, log-probs, the weight version of every token).
 
 Slot lifecycle:
@@ -14,7 +18,9 @@ Slot lifecycle:
      the smallest bucket that fits) into a one-row cache and draws the first token. Given G
      trajectory ids it is a GRPO group: one prefill, G first tokens, each from its own key.
   2. `insert(prefix, state, slots)` copies the prefix KV into the G slots and starts them.
-  3. `generate(params, state, version=v)` runs one decode step for all slots. Every slot
+  3. `generate(params, state, version=v)` runs `decode_steps` decode steps for all slots in
+     one loop on device (a slot that stops stops there; budgets and stop tokens are checked
+     on device). Every slot
      computes (the shapes are fixed); slots that are empty or finished just don't advance and
      their outputs are ignored. `params` and `version` are arguments of each call, so new
      weights apply from the next step on, without draining; each token is tagged with the
@@ -51,7 +57,9 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from asyncrl.model import KVCache, ModelConfig, ShardingRules, apply, shardings_for
+from asyncrl.model import KVCache, ModelConfig, PagedKVCache, ShardingRules, apply, shardings_for
+from asyncrl.model.sharding import PAGE_AXES
+from asyncrl.rollout.pages import PREEMPTION, OutOfPages, PageTable
 from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
 
@@ -60,7 +68,7 @@ from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
 class DecodeState:
     """Device state of all slots. B = num_slots, S = max_len."""
 
-    cache: KVCache  # k, v [L, B, S, K, H]
+    cache: KVCache | jax.Array  # k, v [L, B, S, K, H]; paged: the page pool [L, P, ps, 2K, H]
     tokens: jax.Array  # [B] int32: the last drawn token, input of the next step
     positions: jax.Array  # [B] int32: position of `tokens` in its sequence
     trajectory_ids: jax.Array  # [B] uint32
@@ -71,13 +79,13 @@ class DecodeState:
 
 @flax.struct.dataclass
 class StepResult:
-    """Outputs of one decode step, one entry per slot."""
+    """Outputs of one dispatch of k decode steps, one row per step, one entry per slot."""
 
-    tokens: jax.Array  # [B] int32
-    logprobs: jax.Array  # [B] f32 behaviour log-prob (the distribution sampled from)
-    policy_logprobs: jax.Array  # [B] f32 log-prob at temperature 1, no truncation
-    valid: jax.Array  # [B] bool: the slot was running, so this token is real
-    done: jax.Array  # [B] bool: the slot is finished after this step
+    tokens: jax.Array  # [k, B] int32
+    logprobs: jax.Array  # [k, B] f32 behaviour log-prob (the distribution sampled from)
+    policy_logprobs: jax.Array  # [k, B] f32 log-prob at temperature 1, no truncation
+    valid: jax.Array  # [k, B] bool: the slot was running, so this token is real
+    done: jax.Array  # [k, B] bool: the slot is finished after this step
 
 
 @dataclasses.dataclass
@@ -95,6 +103,31 @@ class Prefix:
     records: tuple[Trajectory, ...]
     version: int
     inserted: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class KVOptions:
+    """How an engine holds and reads its KV cache (Engine's arguments of the same names);
+    plain data, so it crosses to a Ray actor."""
+
+    page_size: int | None = None
+    num_pages: int | None = None
+    reserve: str = "on_demand"
+    preemption: str = "newest"
+    decode_steps: int = 1
+    attention: str = "auto"
+
+    @classmethod
+    def of_rollout(cls, rollout, partial_rollout: bool) -> "KVOptions":
+        """From a run's rollout config. Without partial rollout a sequence must finish where
+        it started, on one version, so it is given its whole budget's pages at admission."""
+        return cls(page_size=rollout.page_size or None, num_pages=rollout.num_pages or None,
+                   reserve="on_demand" if partial_rollout else "budget",
+                   preemption=rollout.preemption, decode_steps=rollout.decode_steps_per_dispatch,
+                   attention=rollout.attention)
+
+    def as_kwargs(self) -> dict:
+        return dataclasses.asdict(self)
 
 
 # -- pure device functions (jitted per engine in Engine.__init__) ------------------------------
@@ -135,7 +168,7 @@ def _insert(state, cache_row, slots, tokens, position, trajectory_ids, token_ind
             max_new_tokens, done):
     """Copies one prefix row into slots [G] and starts them at their first token."""
     group = slots.shape[0]
-    cache = jax.tree.map(
+    cache = state.cache if cache_row is None else jax.tree.map(
         lambda full, row: full.at[:, slots].set(jnp.repeat(row, group, axis=1).astype(full.dtype)),
         state.cache, cache_row)
     return state.replace(
@@ -148,22 +181,47 @@ def _insert(state, cache_row, slots, tokens, position, trajectory_ids, token_ind
         done=state.done.at[slots].set(done))
 
 
-def _generate(graphdef, params, state, **draw_kw):
-    """One decode step for every slot: feed `tokens` at `positions`, draw the next token."""
-    logits, cache = apply(graphdef, params, state.tokens[:, None], state.positions[:, None],
-                          state.cache)
-    tokens, logprobs, policy_logprobs, finished = _draw(
-        logits[:, 0], state.trajectory_ids, state.num_generated, state.positions + 1,
-        state.max_new_tokens, **draw_kw)
-    running = ~state.done
-    done = state.done | (running & finished)
-    state = state.replace(
-        cache=cache,
-        tokens=jnp.where(running, tokens, state.tokens),
-        positions=jnp.where(running, state.positions + 1, state.positions),
-        num_generated=jnp.where(running, state.num_generated + 1, state.num_generated),
-        done=done)
-    return state, StepResult(tokens, logprobs, policy_logprobs, running, done)
+def _insert_pages(state, cache_row, shared, private, partial_chunk, slots, tokens, position,
+                  trajectory_ids, token_index, max_new_tokens, done):
+    """`_insert` for a paged cache: the prefix row's full pages are written once to `shared`
+    [W] (the pool size where none), its partly filled last page to each of `private` [G]."""
+    pages = state.cache
+    layers, _, size, combined, head_dim = pages.shape
+    chunks = jnp.stack([cache_row.k[:, 0], cache_row.v[:, 0]], axis=3)  # [L, S, K, 2, H]
+    chunks = chunks.reshape(layers, -1, size, combined, head_dim).astype(pages.dtype)
+    pages = pages.at[:, shared].set(chunks, mode="drop")
+    last = jnp.take(chunks, partial_chunk, axis=1)[:, None]  # [L, 1, ps, 2K, H]
+    pages = pages.at[:, private].set(
+        jnp.broadcast_to(last, (layers, private.shape[0], *last.shape[2:])), mode="drop")
+    return _insert(state.replace(cache=pages), None, slots, tokens, position, trajectory_ids,
+                   token_index, max_new_tokens, done)
+
+
+def _generate(graphdef, params, state, page_table, *, steps, attention, **draw_kw):
+    """`steps` decode steps for every slot, in one dispatch: feed `tokens` at `positions`,
+    draw the next token; a slot that finishes stops advancing at once, on device."""
+
+    def step(state, _):
+        running = ~state.done
+        if page_table is None:
+            cache = state.cache
+        else:
+            cache = PagedKVCache(state.cache, page_table, writing=running, backend=attention)
+        logits, cache = apply(graphdef, params, state.tokens[:, None],
+                              state.positions[:, None], cache)
+        tokens, logprobs, policy_logprobs, finished = _draw(
+            logits[:, 0], state.trajectory_ids, state.num_generated, state.positions + 1,
+            state.max_new_tokens, **draw_kw)
+        done = state.done | (running & finished)
+        state = state.replace(
+            cache=cache if page_table is None else cache.pages,
+            tokens=jnp.where(running, tokens, state.tokens),
+            positions=jnp.where(running, state.positions + 1, state.positions),
+            num_generated=jnp.where(running, state.num_generated + 1, state.num_generated),
+            done=done)
+        return state, StepResult(tokens, logprobs, policy_logprobs, running, done)
+
+    return jax.lax.scan(step, state, None, length=steps)
 
 
 # -- the engine ---------------------------------------------------------------------------------
@@ -186,6 +244,19 @@ class Engine:
         mesh, rules: where the decode state lives; params must already be on the same mesh.
             rules shard the KV cache (default: replicated).
         cache_dtype: KV dtype; default the config's param_dtype.
+        page_size: None keeps one contiguous cache row of max_len per slot. An int pages the
+            cache (asyncrl/model/paged.py): slots take pages of this many positions as they
+            grow, a GRPO group shares its prompt's pages, and attention reads pages, not rows.
+        num_pages: the paged pool's size; default num_slots * max_len / page_size, the
+            contiguous cache's memory. Slots then outnumber what fits at max_len, and a
+            dispatch that runs out of pages must `preempt` first.
+        reserve: "on_demand" (pages as a sequence grows; a shortage preempts one) or "budget"
+            (a sequence's whole budget at insert: it never waits or moves; partial rollout off).
+        preemption: which sequence `preempt` hands back: "newest" (the last admitted, which
+            has the least decoded to redo) or "longest" (holds the most pages).
+        decode_steps: decode steps per `generate` dispatch, run in one loop on device; the
+            weights, and so the version, change only between dispatches.
+        attention: paged attention backend (asyncrl.model.paged.BACKENDS).
     """
 
     def __init__(self, graphdef: nnx.GraphDef, config: ModelConfig, *, num_slots: int,
@@ -193,7 +264,9 @@ class Engine:
                  sampling: SamplingParams = SamplingParams(),
                  stop_tokens: Sequence[int] | None = None, max_new_tokens: int | None = None,
                  seed: int = 0, mesh: Mesh | None = None, rules: ShardingRules | None = None,
-                 cache_dtype=None):
+                 cache_dtype=None, page_size: int | None = None, num_pages: int | None = None,
+                 reserve: str = "on_demand", preemption: str = "newest", decode_steps: int = 1,
+                 attention: str = "auto"):
         buckets = tuple(sorted(set(int(b) for b in prompt_buckets)))
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -211,6 +284,25 @@ class Engine:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         self.cache_dtype = jnp.dtype(cache_dtype or config.param_dtype)
+        if decode_steps < 1:
+            raise ValueError(f"decode_steps must be >= 1, got {decode_steps}")
+        self.decode_steps = int(decode_steps)
+        self.page_size = page_size
+        self.pages: PageTable | None = None
+        if page_size is not None:
+            if page_size < 1 or max_len % page_size:
+                raise ValueError(f"page_size must divide max_len={max_len}, got {page_size}")
+            if reserve not in ("on_demand", "budget"):
+                raise ValueError(f"reserve must be 'on_demand' or 'budget', got {reserve!r}")
+            if preemption not in PREEMPTION:
+                raise ValueError(f"preemption must be one of {PREEMPTION}, got {preemption!r}")
+            width = max_len // page_size
+            num_pages = num_slots * width if num_pages is None else int(num_pages)
+            if num_pages < width:
+                raise ValueError(f"num_pages={num_pages} cannot hold one sequence of max_len="
+                                 f"{max_len} ({width} pages of {page_size})")
+            self.pages = PageTable(num_slots, num_pages, page_size, width)
+            self.reserve, self.preemption = reserve, preemption
 
         draw_kw = dict(seed=seed, sampling=sampling, stop_tokens=self.stop_tokens, max_len=max_len)
         new_row = functools.partial(KVCache.init, config, 1, max_len, self.cache_dtype)
@@ -220,12 +312,13 @@ class Engine:
             rules = rules or ShardingRules.replicated()
             self._input_sharding = NamedSharding(mesh, PartitionSpec())
             abstract = jax.eval_shape(self._empty_state)
-            state = jax.tree.map(lambda _: self._input_sharding, abstract).replace(
-                cache=shardings_for(abstract.cache, mesh, rules))
+            cache = (NamedSharding(mesh, rules.spec(PAGE_AXES, abstract.cache.shape, mesh))
+                     if self.pages is not None else shardings_for(abstract.cache, mesh, rules))
+            state = jax.tree.map(lambda _: self._input_sharding, abstract).replace(cache=cache)
             row = shardings_for(jax.eval_shape(new_row), mesh, rules)
             # Pinned on outputs, so a donated state keeps its layout step after step.
             pinned = {"new_state": state, "new_row": row, "prefill_chunk": (row, None),
-                      "insert": state, "generate": (state, None)}
+                      "insert": state, "insert_pages": state, "generate": (state, None)}
 
         def jit(name, fn, **kwargs):
             if name in pinned:
@@ -240,8 +333,10 @@ class Engine:
                                   donate_argnums=(1,))
         self._first_tokens = jit("first_tokens", functools.partial(_first_tokens, **draw_kw))
         self._insert = jit("insert", _insert, donate_argnums=(0,))
-        self._generate = jit("generate", functools.partial(_generate, graphdef, **draw_kw),
-                             donate_argnums=(1,))
+        self._insert_pages = jit("insert_pages", _insert_pages, donate_argnums=(0,))
+        self._generate = jit("generate", functools.partial(
+            _generate, graphdef, steps=self.decode_steps, attention=attention, **draw_kw),
+            donate_argnums=(1,))
 
         self._slots: list[Trajectory | None] = [None] * num_slots
         # (tokens, logprobs, policy_logprobs, valid, done) on device, owners, version.
@@ -249,8 +344,12 @@ class Engine:
 
     def _empty_state(self) -> DecodeState:
         b = self.num_slots
+        cache = (KVCache.init(self.config, b, self.max_len, self.cache_dtype)
+                 if self.pages is None else
+                 PagedKVCache.init_pages(self.config, self.pages.num_pages, self.page_size,
+                                         self.cache_dtype))
         return DecodeState(
-            cache=KVCache.init(self.config, b, self.max_len, self.cache_dtype),
+            cache=cache,
             tokens=jnp.zeros((b,), jnp.int32), positions=jnp.zeros((b,), jnp.int32),
             trajectory_ids=jnp.zeros((b,), jnp.uint32), num_generated=jnp.zeros((b,), jnp.int32),
             max_new_tokens=jnp.zeros((b,), jnp.int32), done=jnp.ones((b,), bool))
@@ -261,6 +360,9 @@ class Engine:
         """All slots empty. Host records are reset too: one engine drives one decode state."""
         self._slots = [None] * self.num_slots
         self._pending.clear()
+        if self.pages is not None:
+            for slot in list(self.pages.slots):
+                self.pages.release_slot(slot)
         return self._new_state()
 
     def prefill(self, params, prompt, *, trajectory_id: int | Sequence[int], version: int,
@@ -315,10 +417,13 @@ class Engine:
             raise ValueError(f"slots must be distinct, got {slots}")
         token_index = len(prefix.records[0].tokens)
         put = self._put
-        decode_state = self._insert(
-            decode_state, prefix.cache, put(np.asarray(slots, np.int32)), prefix.tokens,
-            put(np.int32(prefix.length)), prefix.trajectory_ids, put(np.int32(token_index)),
-            prefix.max_new_tokens, prefix.done)
+        if self.pages is None:
+            decode_state = self._insert(
+                decode_state, prefix.cache, put(np.asarray(slots, np.int32)), prefix.tokens,
+                put(np.int32(prefix.length)), prefix.trajectory_ids, put(np.int32(token_index)),
+                prefix.max_new_tokens, prefix.done)
+        else:
+            decode_state = self._insert_into_pages(prefix, decode_state, slots, token_index)
         prefix.inserted = True
         for s, record in zip(slots, prefix.records):
             self._slots[s] = record
@@ -326,10 +431,91 @@ class Engine:
                                prefix.done), prefix.records, prefix.version))
         return decode_state
 
+    def _insert_into_pages(self, prefix: Prefix, decode_state, slots, token_index):
+        table, put, group = self.pages, self._put, len(slots)
+        if not self.admits(prefix.length, group, prefix.records[0].max_new_tokens - token_index):
+            raise OutOfPages(f"{table.free} free pages cannot hold a prefix of {prefix.length} "
+                             f"positions for {group} sequences beside the running ones; check "
+                             f"`admits` before prefill")
+        shared, private = table.group_pages(prefix.length, group)
+        shared_dest = np.full((table.width,), table.num_pages, np.int32)
+        shared_dest[:len(shared)] = shared
+        private_dest = np.asarray(private or [table.num_pages] * group, np.int32)
+        partial_chunk = min(prefix.length // self.page_size, table.width - 1)
+        decode_state = self._insert_pages(
+            decode_state, prefix.cache, put(shared_dest), put(private_dest),
+            put(np.int32(partial_chunk)), put(np.asarray(slots, np.int32)), prefix.tokens,
+            put(np.int32(prefix.length)), prefix.trajectory_ids, put(np.int32(token_index)),
+            prefix.max_new_tokens, prefix.done)
+        for g, (slot, record) in enumerate(zip(slots, prefix.records)):
+            limit = self._position_limit(prefix.length, record.max_new_tokens - token_index)
+            table.assign(slot, shared + private[g:g + 1], prefix.length, limit)
+            if self.reserve == "budget":
+                table.top_up(self.max_len, [slot])
+        return decode_state
+
+    def _position_limit(self, length: int, budget_left: int) -> int:
+        """Positions a sequence prefilled to `length` can ever write (its last token is drawn,
+        never fed back)."""
+        return min(self.max_len, length + budget_left)
+
+    def admits(self, length: int, group: int = 1, budget: int | None = None) -> bool:
+        """Whether a prefix of `length` positions for `group` sequences with `budget` tokens
+        each to draw fits in the free pages through its first dispatch, beside what the
+        running sequences need for their next one. Always True for a contiguous cache."""
+        table = self.pages
+        if table is None:
+            return True
+        budget = self.max_new_tokens if budget is None else budget
+        full, partial = divmod(length, self.page_size)
+        held = full + (1 if partial else 0)
+        ahead = self.max_len if self.reserve == "budget" else self.decode_steps
+        grow = table.pages_for(min(self._position_limit(length, budget), length + ahead)) - held
+        need = full + group * ((1 if partial else 0) + max(grow, 0))
+        if need > table.num_pages:  # waiting would never help
+            raise OutOfPages(f"a prefix of {length} positions for {group} sequences needs {need} "
+                             f"pages through its first dispatch; the pool has {table.num_pages}")
+        running = sum(table.shortfall(self.decode_steps, self._running_slots()).values())
+        return need + running <= table.free
+
+    def preempt(self) -> list[Trajectory]:
+        """Hands back running sequences, partial, until the next dispatch's pages fit (their
+        records: resume them here or elsewhere). Empty when nothing needs to move."""
+        if self.pages is None:
+            return []
+        self._sync()
+        victims = []
+        while True:
+            running = self._running_slots()
+            short = sum(self.pages.shortfall(self.decode_steps, running).values())
+            if short <= self.pages.free or not running:
+                return victims
+            held = self.pages.slots
+            if self.preemption == "newest":
+                victim = max(running, key=lambda s: held[s].order)
+            else:
+                victim = max(running, key=lambda s: len(held[s].pages))
+            victims.append(self.extract(victim))
+
+    def _running_slots(self) -> list[int]:
+        return [s for s, r in enumerate(self._slots) if r is not None and not r.finished]
+
+    def kv_pages(self) -> tuple[int, int]:
+        """(used, total) pages; a contiguous cache counts one page of max_len per slot."""
+        if self.pages is None:
+            return sum(r is not None for r in self._slots), self.num_slots
+        return self.pages.used, self.pages.num_pages
+
     def generate(self, params, decode_state: DecodeState, *,
                  version: int) -> tuple[DecodeState, StepResult]:
-        """One decode step with `params`; its tokens are tagged `version` (donates decode_state)."""
-        decode_state, result = self._generate(params, decode_state)
+        """`decode_steps` decode steps with `params`; their tokens are tagged `version`
+        (donates decode_state). Paged: raises OutOfPages, dispatching nothing, when the
+        running sequences' next pages do not fit; `preempt` makes room."""
+        table = None
+        if self.pages is not None:
+            self.pages.top_up(self.decode_steps, self._running_slots())
+            table = self._put(self.pages.table.copy())
+        decode_state, result = self._generate(params, decode_state, table)
         outputs = (result.tokens, result.logprobs, result.policy_logprobs, result.valid,
                    result.done)
         self._pending.append((outputs, tuple(self._slots), int(version)))
@@ -361,7 +547,7 @@ class Engine:
         for s, record in enumerate(self._slots):
             if record is not None and record.finished:
                 done.append(record)
-                self._slots[s] = None
+                self._vacate(s)
         return done
 
     def extract(self, slot: int) -> Trajectory:
@@ -370,12 +556,20 @@ class Engine:
         record = self._slots[slot]
         if record is None:
             raise ValueError(f"slot {slot} is empty")
-        self._slots[slot] = None
+        self._vacate(slot)
         return record
 
     def free(self, slot: int) -> None:
         """Drops whatever `slot` holds (an aborted trajectory): host-only, see module docstring."""
+        self._vacate(slot)
+
+    def _vacate(self, slot: int) -> None:
+        # Its pages may go to another sequence at once: dispatches already queued still run
+        # before any insert that reuses them (each takes the state the previous one returned),
+        # and later ones send this row's table empty, so its writes are dropped.
         self._slots[slot] = None
+        if self.pages is not None:
+            self.pages.release_slot(slot)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -418,17 +612,22 @@ class Engine:
         stops = set(self.stop_tokens)
         for outputs, (_, owners, version) in zip(host, pending):
             tokens, logprobs, policy_logprobs, valid, done = outputs
-            for i, record in enumerate(owners):
-                # Owners are a snapshot from dispatch time: a slot freed or refilled since then
-                # still credits the trajectory that was in it.
-                if record is None or record.finished or (valid is not None and not valid[i]):
-                    continue
-                token = int(tokens[i])
-                record.tokens.append(token)
-                record.logprobs.append(float(logprobs[i]))
-                record.policy_logprobs.append(float(policy_logprobs[i]))
-                record.versions.append(version)
-                if done[i]:
-                    record.finish_reason = "stop" if token in stops else "length"
+            if valid is None:  # an insert's first tokens: one row, every member real
+                tokens, logprobs, policy_logprobs, done = (
+                    x[None] for x in (tokens, logprobs, policy_logprobs, done))
+                valid = np.ones_like(done)
+            for step in range(tokens.shape[0]):  # a dispatch's decode steps, in order
+                for i, record in enumerate(owners):
+                    # Owners are a snapshot from dispatch time: a slot freed or refilled since
+                    # then still credits the trajectory that was in it.
+                    if record is None or record.finished or not valid[step, i]:
+                        continue
+                    token = int(tokens[step, i])
+                    record.tokens.append(token)
+                    record.logprobs.append(float(logprobs[step, i]))
+                    record.policy_logprobs.append(float(policy_logprobs[step, i]))
+                    record.versions.append(version)
+                    if done[step, i]:
+                        record.finish_reason = "stop" if token in stops else "length"
 
 

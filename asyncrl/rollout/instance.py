@@ -72,6 +72,7 @@ class RolloutInstance:
         self._decode_s = 0.0
         self._prefill_tokens = 0
         self._prefill_s = 0.0
+        self._preemptions = 0
         self._snapshot = Snapshot(-1, 0, 0, 0, engine.num_slots, False, True, 0.0)
         self._thread = threading.Thread(target=self._run, name=f"rollout-{instance_id}", daemon=True)
 
@@ -139,6 +140,7 @@ class RolloutInstance:
                 state = self._fill_slots(state)
                 if len(self.engine.free_slots()) < self.engine.num_slots:
                     start = time.perf_counter()
+                    self._preempt()
                     state, _ = self.engine.generate(self._params, state, version=self._version)
                     self._report_finished()
                     self._decode_s += time.perf_counter() - start
@@ -197,6 +199,15 @@ class RolloutInstance:
         if handed:
             self._reporter.extracted(self.id, tuple(sorted(handed)))
 
+    def _preempt(self) -> None:
+        """A paged engine short of pages for the next dispatch hands sequences back, partial:
+        the coordinator resumes them, here once pages free up, or elsewhere."""
+        handed = [record.trajectory_id for record in self.engine.preempt()
+                  if self._report(record, None)]
+        if handed:
+            self._preemptions += len(handed)
+            self._reporter.extracted(self.id, tuple(handed))
+
     def _sync(self) -> None:
         self._pull()
         with self._lock:
@@ -216,6 +227,11 @@ class RolloutInstance:
             free = self.engine.free_slots()
             with self._lock:
                 if not self._queue or len(self._queue[0].trajectories) > len(free):
+                    return state
+                head = self._queue[0].trajectories
+                # Paged: wait for pages rather than start a group the pool cannot carry.
+                if not self.engine.admits(len(head[0].prompt) + len(head[0].tokens), len(head),
+                                          head[0].max_new_tokens - len(head[0].tokens)):
                     return state
                 work = self._queue.popleft()
             live = [t for t in work.trajectories
@@ -248,10 +264,15 @@ class RolloutInstance:
 
     def _refresh_snapshot(self) -> None:
         slots = [r for r in self.engine.slot_records() if r is not None]
-        kv = sum(len(r.prompt) + len(r.tokens) for r in slots)
+        pages_used, pages = self.engine.kv_pages()
+        if self.engine.page_size is None:
+            kv = sum(len(r.prompt) + len(r.tokens) for r in slots)
+            # A fixed row of max_len per slot: routing checks a request fits beside the rest.
+            capacity = self.engine.num_slots * self.engine.max_len
+        else:  # the pool's real use, in token positions (shared prompt pages counted once)
+            kv, capacity = pages_used * self.engine.page_size, pages * self.engine.page_size
         self._snapshot = Snapshot(
             self._version, len(slots), sum(len(w.trajectories) for w in self._queue), kv,
             self.engine.num_slots, self._syncing, self._alive, self._idle_s, self._decode_steps,
-            self._decode_s, self._prefill_tokens, self._prefill_s,
-            # A fixed cache of max_len per slot: routing checks a request fits beside the rest.
-            self.engine.num_slots * self.engine.max_len)
+            self._decode_s, self._prefill_tokens, self._prefill_s, capacity, pages_used, pages,
+            self._preemptions)

@@ -64,6 +64,9 @@ class Snapshot:
     prefill_tokens: int = 0  # prompts and, on resume, prompt + tokens so far
     prefill_s: float = 0.0
     kv_capacity: int = 0  # KV-cache tokens the engine holds (slots × cache length); 0: unknown
+    kv_pages_used: int = 0  # a paged cache's pages in use (contiguous: slots holding a row)
+    kv_pages: int = 0  # pages in the pool (contiguous: slots)
+    preemptions: int = 0  # sequences handed back for want of pages, since start
 
     @property
     def busy_s(self) -> float:

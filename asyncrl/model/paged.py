@@ -1,0 +1,132 @@
+"""A paged KV cache: fixed-size pages in one pool, a page table per sequence.
+
+    pages       [L, P, page_size, 2K, H]  kv head i's key at 2i, its value at 2i + 1: the
+                                          layout JAX's TPU ragged paged attention kernel reads
+    page_table  [B, W] int32              page of positions [w * page_size, (w+1) * page_size)
+                                          of row b; P (one past the pool) where none is held
+
+A row attends to its positions 0..position through its page table, so memory follows the
+tokens a sequence holds, not a reserved maximum, and several rows may share a page (a GRPO
+group's prompt). Which pages a row holds is decided on the host (asyncrl/rollout/pages.py);
+the table travels with each call.
+
+Attention reads the pages through one of three backends, chosen at trace time:
+  gather        an XLA gather of the row's W pages, then the dense attention (CPU, GPU);
+  tpu_ragged    `jax.experimental.pallas.ops.tpu.ragged_paged_attention`, which reads only
+                each row's pages below its length (TPU, one query per row: decode).
+Pallas' TPU interpret mode cannot run that kernel in JAX 0.10.2 (its interpreter has no
+ReshapeTransform), so tests check `ragged_inputs` against the kernel's reference
+implementation on a CPU and compile the kernel itself for a TPU topology.
+Writes are one scatter into the pool (the scan carry, updated in place); a row's writes land
+only in pages its table names, and rows marked not `writing` write nothing, so a freed row
+cannot touch pages handed to another sequence.
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+
+from asyncrl.model.config import ModelConfig
+
+# asyncrl.rollout.pages.ATTENTION_BACKENDS repeats these for config checks that load no model.
+BACKENDS = ("auto", "gather", "tpu_ragged")
+
+
+@flax.struct.dataclass
+class PagedKVCache:
+    pages: jax.Array  # [L, P, page_size, 2K, H]
+    page_table: jax.Array  # [B, W] int32
+    writing: jax.Array | None = None  # [B] bool: rows whose k / v are stored (default all)
+    layer: jax.Array | None = None  # int32 scalar, set by the layer scan
+    backend: str = flax.struct.field(pytree_node=False, default="auto")
+
+    @staticmethod
+    def init_pages(config: ModelConfig, num_pages: int, page_size: int, dtype=None) -> jax.Array:
+        dtype = jnp.dtype(dtype or config.param_dtype)
+        return jnp.zeros((config.num_layers, num_pages, page_size, 2 * config.num_kv_heads,
+                          config.head_dim), dtype)
+
+    @property
+    def num_pages(self) -> int:
+        return self.pages.shape[1]
+
+    @property
+    def page_size(self) -> int:
+        return self.pages.shape[2]
+
+    def attend(self, q, k, v, positions, dtype):
+        """Writes k / v [B, T, K, H] at `positions` [B, T] and attends q [B, T, K, G, H] over
+        each row's positions <= its own. Returns ([B, T, K, G, H], the updated cache)."""
+        batch, length, kv_heads, groups, head_dim = q.shape
+        ps, width = self.page_size, self.page_table.shape[1]
+        slot = jnp.minimum(positions // ps, width - 1)
+        page = jnp.take_along_axis(self.page_table, slot, axis=1)  # [B, T]
+        keep = positions < width * ps
+        if self.writing is not None:
+            keep &= self.writing[:, None]
+        page = jnp.where(keep, page, self.num_pages)  # out of range: mode="drop" skips it
+        kv = jnp.stack([k, v], axis=3).reshape(batch, length, 2 * kv_heads, head_dim)
+        at = (jnp.broadcast_to(self.layer, positions.shape), page, positions % ps)
+        pages = self.pages.at[at].set(kv.astype(self.pages.dtype), mode="drop")
+        cache = self.replace(pages=pages)
+        backend = resolve_backend(self.backend)
+        if backend == "tpu_ragged" and length == 1:
+            return _attend_tpu_ragged(cache, q, positions, dtype), cache
+        return _attend_gather(cache, q, positions, dtype), cache
+
+
+def resolve_backend(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"paged attention backend must be one of {BACKENDS}, got {backend!r}")
+    if backend != "auto":
+        return backend
+    return "tpu_ragged" if jax.default_backend() == "tpu" else "gather"
+
+
+def _attend_gather(cache: PagedKVCache, q, positions, dtype):
+    """Every row's W pages gathered into [B, W * page_size, 2K, H], then dense attention."""
+    from asyncrl.model.transformer import _attend, _attend_one_flat, _flat_decode
+
+    batch, length, kv_heads, _, head_dim = q.shape
+    rows = cache.pages[cache.layer, jnp.minimum(cache.page_table, cache.num_pages - 1)]
+    rows = rows.reshape(batch, -1, 2 * kv_heads, head_dim)  # [B, S, 2K, H]
+    keys, values = rows[:, :, 0::2], rows[:, :, 1::2]
+    mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    if length == 1 and _flat_decode():
+        return _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
+    return _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
+
+
+def ragged_inputs(cache: PagedKVCache, q, positions):
+    """The TPU kernel's arguments for one query per row: (queries [B, N, H], the layers'
+    pools side by side [L * P, page_size, 2K, H], kv_lens [B], page_indices [B, W] offset to
+    this layer's pool, cu_q_lens [B + 1], num_seqs [1])."""
+    batch, _, kv_heads, groups, head_dim = q.shape
+    layers, num_pages = cache.pages.shape[:2]
+    pool = cache.pages.reshape(layers * num_pages, *cache.pages.shape[2:])
+    table = jnp.minimum(cache.page_table, num_pages - 1) + cache.layer * num_pages
+    queries = q.reshape(batch, kv_heads * groups, head_dim).astype(cache.pages.dtype)
+    return (queries, pool, positions[:, 0] + 1, table, jnp.arange(batch + 1, dtype=jnp.int32),
+            jnp.full((1,), batch, jnp.int32))
+
+
+def _attend_tpu_ragged(cache: PagedKVCache, q, positions, dtype):
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    batch, _, kv_heads, groups, head_dim = q.shape
+    args = ragged_inputs(cache, q, positions)
+    # The kernel's own default blocks for TPU v5 and later, given explicitly: its lookup reads
+    # the local device's TPU version, which a compile for a TPU topology from a CPU host lacks.
+    out = ragged_paged_attention(*args, sm_scale=head_dim ** -0.5,
+                                 num_kv_pages_per_block=min(cache.page_table.shape[1], 128),
+                                 num_queries_per_block=min(batch, 32))
+    return out.reshape(batch, 1, kv_heads, groups, head_dim).astype(dtype)
+
+
+def live_kv_bytes(config: ModelConfig, lengths, page_size: int, dtype) -> int:
+    """Bytes of KV a paged decode step must read: each row's pages below its length."""
+    pages = sum(-(-int(n) // page_size) for n in lengths)
+    return (pages * page_size * 2 * config.num_kv_heads * config.head_dim
+            * config.num_layers * jnp.dtype(dtype).itemsize)

@@ -1,0 +1,247 @@
+"""The paged engine against the contiguous one: same keys, same tokens, fewer bytes held.
+
+Every run here feeds the same requests through `_serve` (continuous refill, GRPO groups,
+preemption handed back and resumed like the coordinator would), so a difference in tokens
+can only come from how the cache is held and read. Engines are built once per module.
+"""
+
+import queue
+
+import numpy as np
+import pytest
+
+from asyncrl.model import ModelConfig, init_params
+from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.instance import RolloutInstance
+from asyncrl.rollout.messages import Trajectory, Work
+from asyncrl.rollout.pages import OutOfPages, PageTable
+from asyncrl.rollout.sampling import SamplingParams
+
+CONFIG = ModelConfig.tiny()
+MAX_LEN, PAGE = 48, 8
+BUCKETS = (8, 16)
+SLOTS = 6
+# (prompt length, group size, budget): lengths on and off page boundaries, groups of 1-3.
+REQUESTS = [(3, 1, 6), (8, 3, 16), (11, 2, 9), (16, 1, 30), (5, 3, 7), (9, 1, 12), (13, 2, 20)]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_params(CONFIG, seed=0)
+
+
+def _engine(model, temperature, **kv):
+    return Engine(model[0], CONFIG, num_slots=SLOTS, max_len=MAX_LEN, prompt_buckets=BUCKETS,
+                  sampling=SamplingParams(temperature=temperature), stop_tokens=(),
+                  max_new_tokens=MAX_LEN, seed=3, **kv)
+
+
+@pytest.fixture(scope="module")
+def engines(model):
+    return {
+        "contiguous": _engine(model, 1.0),
+        "paged": _engine(model, 1.0, page_size=PAGE),
+        "paged_k4": _engine(model, 1.0, page_size=PAGE, decode_steps=4),
+        # 10 pages of 8: one sequence at full length and a bit; six slots must wait and preempt.
+        "paged_short": _engine(model, 1.0, page_size=PAGE, num_pages=10, decode_steps=2),
+        "greedy_contiguous": _engine(model, 0.0),
+        "greedy_paged": _engine(model, 0.0, page_size=PAGE, num_pages=8, decode_steps=3),
+    }
+
+
+def _serve(engine, params, requests=REQUESTS):
+    """All requests through `engine` with refill; preempted sequences go to the back of the
+    queue and resume. Returns ({trajectory id: record}, preemptions)."""
+    rng = np.random.default_rng(0)
+    queue_ = [("new", rng.integers(3, CONFIG.vocab_size, size=n).astype(np.int32), g, budget)
+              for n, g, budget in requests]
+    state, done, next_id, preempted = engine.init_decode_state(), {}, 0, 0
+    for _ in range(2000):
+        if not queue_ and not engine.running():
+            break
+        while queue_:
+            kind, payload, group, budget = queue_[0]
+            free = engine.free_slots()
+            length = len(payload) if kind == "new" else len(payload.prompt) + len(payload.tokens)
+            if len(free) < group or not engine.admits(length, group, budget):
+                break
+            queue_.pop(0)
+            if kind == "new":
+                ids = list(range(next_id, next_id + group))
+                next_id += group
+                prefix, _ = engine.prefill(params, payload, trajectory_id=ids, version=0,
+                                           max_new_tokens=budget)
+            else:
+                prefix, _ = engine.resume(params, payload, version=0)
+            state = engine.insert(prefix, state, free[:group])
+        for record in engine.preempt():
+            preempted += 1
+            queue_.append(("resume", record, 1, record.max_new_tokens - len(record.tokens)))
+        state, _ = engine.generate(params, state, version=0)
+        for record in engine.pop_finished():
+            done[record.trajectory_id] = record
+    assert not queue_ and not engine.running(), "the workload did not finish"
+    return done, preempted
+
+
+@pytest.fixture(scope="module")
+def served(model, engines):
+    return {name: _serve(engine, model[1]) for name, engine in engines.items()}
+
+
+def test_paged_tokens_match_the_contiguous_engine_under_the_same_keys(served):
+    reference, _ = served["contiguous"]
+    assert len(reference) == sum(g for _, g, _ in REQUESTS)
+    for name in ("paged", "paged_k4", "paged_short"):
+        records, _ = served[name]
+        assert sorted(records) == sorted(reference), name
+        for tid, record in records.items():
+            assert record.tokens == reference[tid].tokens, (name, tid)
+            np.testing.assert_allclose(record.logprobs, reference[tid].logprobs, atol=2e-5)
+            np.testing.assert_allclose(record.policy_logprobs, reference[tid].policy_logprobs,
+                                       atol=2e-5)
+
+
+def test_greedy_paged_with_preemption_matches_contiguous(served):
+    reference, _ = served["greedy_contiguous"]
+    records, preempted = served["greedy_paged"]
+    assert preempted > 0, "the short pool should have forced a preemption"
+    assert {t: r.tokens for t, r in records.items()} == {t: r.tokens for t, r in reference.items()}
+
+
+def test_a_short_pool_preempts_and_loses_nothing(served, engines):
+    records, preempted = served["paged_short"]
+    assert preempted > 0
+    for (n, g, budget), first in zip(REQUESTS, np.cumsum([0] + [g for _, g, _ in REQUESTS])):
+        for tid in range(first, first + g):
+            assert len(records[tid].tokens) == budget and records[tid].finish_reason == "length"
+    table = engines["paged_short"].pages
+    assert table.free == table.num_pages and not table.slots, "pages leaked"
+    assert (table.refs == 0).all()
+
+
+def test_a_group_shares_its_prompt_pages(model, engines):
+    engine = engines["paged"]
+    graphdef, params = model
+    state = engine.init_decode_state()
+    before = engine.pages.free
+    prompt = np.arange(3, 3 + 13, dtype=np.int32)  # one full page of 8 and 5 positions more
+    prefix, _ = engine.prefill(params, prompt, trajectory_id=[70, 71, 72], version=0,
+                               max_new_tokens=4)
+    state = engine.insert(prefix, state, [0, 2, 4])
+    # One shared full page and a private copy of the partly filled one each: 4, not 6.
+    assert before - engine.pages.free == 1 + 3
+    shared = engine.pages.slots[0].pages[0]
+    assert engine.pages.refs[shared] == 3
+    assert [engine.pages.slots[s].pages[0] for s in (2, 4)] == [shared, shared]
+    state, _ = engine.generate(params, state, version=0)
+    while engine.running():
+        state, _ = engine.generate(params, state, version=0)
+    assert len(engine.pop_finished()) == 3
+    assert engine.pages.free == before and engine.pages.refs[shared] == 0
+
+
+def test_admission_waits_for_pages_and_generate_refuses_to_overrun(model, engines):
+    engine = engines["paged_short"]
+    params = model[1]
+    state = engine.init_decode_state()
+    prompt = np.arange(3, 19, dtype=np.int32)  # 16 positions: 2 pages each
+    started = 0
+    while engine.admits(16, 1, 32) and engine.free_slots():
+        prefix, _ = engine.prefill(params, prompt, trajectory_id=started, version=0,
+                                   max_new_tokens=32)
+        state = engine.insert(prefix, state, engine.free_slots()[0])
+        started += 1
+    assert 0 < started < SLOTS and not engine.admits(16, 1, 32)
+    with pytest.raises(OutOfPages):
+        for _ in range(40):  # the running sequences outgrow the pool: never a silent overrun
+            state, _ = engine.generate(params, state, version=0)
+            engine.pop_finished()
+    victims = engine.preempt()
+    assert victims and all(v.finish_reason is None and v.tokens for v in victims)
+    state, _ = engine.generate(params, state, version=0)
+    for slot in list(engine.running()):
+        engine.free(slot)
+    engine.pop_finished()
+
+
+def test_the_config_names_every_attention_backend_the_model_has():
+    from asyncrl.model.paged import BACKENDS
+    from asyncrl.rollout.pages import ATTENTION_BACKENDS
+    assert ATTENTION_BACKENDS == BACKENDS
+
+
+def test_page_table_refcounts():
+    table = PageTable(num_slots=3, num_pages=10, page_size=4, pages_per_row=8)
+    shared, private = table.group_pages(length=9, group=3)  # 2 full pages, 1 position more
+    assert len(shared) == 2 and len(private) == 3 and table.free == 5
+    for g, slot in enumerate(range(3)):
+        table.assign(slot, shared + private[g:g + 1], start=9, limit=32)
+    assert list(table.table[1][:3]) == shared + [private[1]] and table.table[1][3] == 10
+    table.top_up(steps=4, running=[0, 1, 2])  # positions up to 13: a fourth page each
+    assert table.free == 2
+    with pytest.raises(OutOfPages):
+        table.top_up(steps=8, running=[0, 1, 2])  # 21 positions: 6 more pages, 2 free
+    assert table.free == 2
+    for slot in range(3):
+        table.release_slot(slot)
+    assert table.free == 10 and (table.refs == 0).all()
+    assert table.prompt_pages_shared == 4 and table.prompt_pages_total == 9
+
+
+class _Sink:
+    def __init__(self):
+        self.reports = queue.Queue()
+
+    def try_start(self, trajectory_id, at_step):
+        return True
+
+    def report(self, trajectory_id, tokens, logprobs, policy_logprobs, versions, finish_reason):
+        self.reports.put((trajectory_id, list(tokens), finish_reason))
+        return True
+
+
+class _Events:
+    def __init__(self, sink):
+        self.sink, self.extracted_ids = sink, []
+
+    def finished(self, instance, trajectory_ids): ...
+    def synced(self, instance, version): ...
+
+    def failed(self, instance, error):
+        self.sink.reports.put(("failed", error, None))
+
+    def extracted(self, instance, trajectory_ids):
+        self.extracted_ids += trajectory_ids
+
+
+def test_an_instance_hands_preempted_sequences_back_and_reports_its_pages(model, engines):
+    """A pool too small for every slot at full length: the instance admits by pages, hands
+    what it must preempt back as partial trajectories (the coordinator's resume path), and
+    finishes the rest."""
+    engine = engines["paged_short"]
+    sink = _Sink()
+    events = _Events(sink)
+    instance = RolloutInstance(0, engine, lambda newer: (0, model[1]) if newer < 0 else None,
+                               sink, events, partial_rollout=True)
+    instance.start()
+    outcomes = {}
+    try:
+        prompt = np.arange(3, 19, dtype=np.int32)
+        for tid in range(SLOTS):
+            instance.submit(Work([Trajectory(tid, prompt, 30)]))
+        while len(outcomes) < SLOTS:
+            tid, tokens, finish_reason = sink.reports.get(timeout=120)
+            assert tid != "failed", f"instance failed: {tokens!r}"
+            if finish_reason is None:  # handed back: resume it, as the coordinator would
+                record = Trajectory(tid, prompt, 30, tokens=tokens, logprobs=[0.0] * len(tokens),
+                                    policy_logprobs=[0.0] * len(tokens), versions=[0] * len(tokens))
+                instance.submit(Work([record]))
+            else:
+                outcomes[tid] = (len(tokens), finish_reason)
+        snapshot = instance.snapshot()
+    finally:
+        instance.stop()
+    assert outcomes == {tid: (30, "length") for tid in range(SLOTS)}
+    assert events.extracted_ids and snapshot.preemptions == len(events.extracted_ids)
+    assert snapshot.kv_pages == 10 and snapshot.kv_capacity == 10 * PAGE
