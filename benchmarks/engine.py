@@ -19,7 +19,12 @@ would otherwise move the ratio.
               the workload, so it is timed over its first --naive_steps steps of one batch,
               where sequences are shortest: an upper bound on its throughput.
 
-The last line printed is one JSON object with the three rates and slot_vs_static.
+Then the paged engine against the contiguous one at equal KV memory, on the same lengths in
+GRPO groups sharing a prompt: sequences resident per dispatch, tokens/s, k decode steps per
+dispatch against one, the share of prompt pages a group's sharing saves; and, with libtpu,
+the bytes a decode step compiled for a TPU v5e accesses against the parameters plus live KV.
+
+The last line printed is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -56,6 +61,16 @@ def parse_args():
                         help="slot and static run alternately this many times; each keeps its "
                              "fastest, so a burst of load on a shared host skews neither")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--page_size", type=int, default=16)
+    parser.add_argument("--paged_slots", type=int, default=64,
+                        help="slots of the paged engine, whose pool holds the KV memory of "
+                             "--num_slots contiguous rows")
+    parser.add_argument("--group_size", type=int, default=4,
+                        help="GRPO group size of the paged-vs-contiguous workload")
+    parser.add_argument("--decode_steps", type=int, default=8,
+                        help="decode steps per dispatch of the multi-step run")
+    parser.add_argument("--skip_tpu", action="store_true",
+                        help="leave out decode_bytes_vs_ideal (needs libtpu; ~1 min)")
     return parser.parse_args()
 
 
@@ -101,6 +116,54 @@ def run_static(engine, params, requests):
             steps += 1
         tokens += sum(len(t.tokens) for t in engine.pop_finished())
     return tokens, steps
+
+
+def group_workload(args):
+    """[(prompt, [response lengths of its G members])]: the same lengths as `workload`, in
+    groups sharing a prompt, as GRPO samples them."""
+    requests = workload(args)
+    g = args.group_size
+    return [(requests[i][0], [n for _, n in requests[i:i + g]])
+            for i in range(0, len(requests) - g + 1, g)]
+
+
+def run_groups(engine, params, groups):
+    """Continuous refill by groups, admitted when slots (and pages) allow; a preempted
+    sequence goes to the back of the queue and resumes. Returns (tokens, dispatches, mean
+    sequences resident per dispatch, preemptions)."""
+    state = engine.init_decode_state()
+    queue = [("group", prompt, lengths) for prompt, lengths in groups]
+    tokens = dispatches = resident = preempted = 0
+    next_id = 0
+    while queue or engine.running():
+        while queue:
+            kind, payload, lengths = queue[0]
+            free = engine.free_slots()
+            if kind == "group":
+                size, length, budget = len(lengths), len(payload), max(lengths)
+            else:
+                size, length = 1, len(payload.prompt) + len(payload.tokens)
+                budget = payload.max_new_tokens - len(payload.tokens)
+            if len(free) < size or not engine.admits(length, size, budget):
+                break
+            queue.pop(0)
+            if kind == "group":
+                # One prefill per group; each member's own budget is its response length.
+                prefix, _ = engine.prefill(params, payload,
+                                           trajectory_id=list(range(next_id, next_id + size)),
+                                           version=0, max_new_tokens=lengths)
+                next_id += size
+            else:
+                prefix, _ = engine.resume(params, payload, version=0)
+            state = engine.insert(prefix, state, free[:size])
+        for record in engine.preempt():
+            preempted += 1
+            queue.append(("resume", record, None))
+        resident += len(engine.running())
+        state, _ = engine.generate(params, state, version=0)
+        dispatches += 1
+        tokens += sum(len(t.tokens) for t in engine.pop_finished())
+    return tokens, dispatches, resident / max(dispatches, 1), preempted
 
 
 def make_naive(graphdef, sampling, seed):
@@ -190,10 +253,70 @@ def main():
               f"{occupancy:>11.2f}")
     rate = {name: tokens / seconds for name, (tokens, seconds, _) in results.items()}
     print(f"(naive: first {args.naive_steps} steps of one batch of {args.num_slots})")
-    print(json.dumps({"slot_tok_s": round(rate["slot"], 1),
-                      "static_tok_s": round(rate["static"], 1),
-                      "naive_tok_s": round(rate["naive"], 1),
-                      "slot_vs_static": round(rate["slot"] / rate["static"], 2)}))
+    figures = {"slot_tok_s": round(rate["slot"], 1), "static_tok_s": round(rate["static"], 1),
+               "naive_tok_s": round(rate["naive"], 1),
+               "slot_vs_static": round(rate["slot"] / rate["static"], 2)}
+    figures.update(paged_figures(args, graphdef, config, params, sampling, max_len))
+    if not args.skip_tpu:
+        figures.update(decode_bytes_figures())
+    print(json.dumps(figures))
+
+
+def paged_figures(args, graphdef, config, params, sampling, max_len):
+    """Contiguous against paged at equal KV memory (the paged pool holds --num_slots rows'
+    worth of pages), on the same groups; then the paged engine at k decode steps per
+    dispatch against one."""
+    groups = group_workload(args)
+    common = dict(prompt_buckets=args.prompt_buckets, sampling=sampling, stop_tokens=(),
+                  max_new_tokens=args.max_new_tokens, seed=args.seed)
+    pages = args.num_slots * max_len // args.page_size
+    engines = {
+        "contiguous": Engine(graphdef, config, num_slots=args.num_slots, max_len=max_len,
+                             **common),
+        "paged": Engine(graphdef, config, num_slots=args.paged_slots, max_len=max_len,
+                        page_size=args.page_size, num_pages=pages, **common),
+        f"paged_k{args.decode_steps}": Engine(
+            graphdef, config, num_slots=args.paged_slots, max_len=max_len,
+            page_size=args.page_size, num_pages=pages, decode_steps=args.decode_steps, **common),
+    }
+    warm = [(np.full(b, 5), [2] * args.group_size) for b in args.prompt_buckets]
+    for engine in engines.values():
+        run_groups(engine, params, warm)
+    best = {}
+    for _ in range(args.repeats):
+        for name, engine in engines.items():
+            start = time.perf_counter()
+            tokens, dispatches, resident, preempted = run_groups(engine, params, groups)
+            seconds = time.perf_counter() - start
+            if name not in best or seconds < best[name][1]:
+                best[name] = (tokens, seconds, dispatches, resident, preempted)
+    expected = sum(sum(lengths) for _, lengths in groups)
+    print(f"\n{len(groups)} groups of {args.group_size}, KV memory of {args.num_slots} rows of "
+          f"{max_len} = {pages} pages of {args.page_size}")
+    print(f"{'engine':<14}{'slots':>6}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'dispatches':>11}"
+          f"{'resident':>10}{'preempted':>10}")
+    for name, (tokens, seconds, dispatches, resident, preempted) in best.items():
+        assert tokens == expected, (name, tokens, expected)
+        print(f"{name:<14}{engines[name].num_slots:>6}{tokens:>8}{seconds:>9.2f}"
+              f"{tokens / seconds:>9.1f}{dispatches:>11}{resident:>10.1f}{preempted:>10}")
+    rate = {name: tokens / seconds for name, (tokens, seconds, *_) in best.items()}
+    table = engines["paged"].pages
+    return {
+        "contiguous_tok_s": round(rate["contiguous"], 1), "paged_tok_s": round(rate["paged"], 1),
+        "paged_vs_contiguous_concurrency": round(best["paged"][3] / best["contiguous"][3], 2),
+        "paged_vs_contiguous_tok_s": round(rate["paged"] / rate["contiguous"], 2),
+        "multistep_vs_single": round(rate[f"paged_k{args.decode_steps}"] / rate["paged"], 2),
+        "group_prefill_saving": round(table.prompt_pages_shared / table.prompt_pages_total, 3),
+        "preemptions": best["paged"][4],
+    }
+
+
+def decode_bytes_figures():
+    """Bytes one compiled decode step accesses, over parameters plus live KV, for a TPU v5e
+    compiled on this host (asyncrl/tpu_compile.py)."""
+    from asyncrl.tpu_compile import decode_bytes_table  # needs libtpu
+
+    return decode_bytes_table()
 
 
 if __name__ == "__main__":

@@ -370,6 +370,7 @@ class Engine:
         """Prefills one prompt and draws a first token per trajectory id.
 
         trajectory_id: one id, or G ids for a GRPO group sharing this prompt (< 2**32 each).
+        max_new_tokens: one budget for all, or one per id.
         Returns the prefix for `insert` and the first tokens [G] (device array).
         """
         prompt = np.asarray(prompt, np.int32)
@@ -381,13 +382,17 @@ class Engine:
                              f"bucket ({self.prompt_buckets[-1]}); buckets: {self.prompt_buckets}")
         single = isinstance(trajectory_id, (int, np.integer))
         ids = [trajectory_id] if single else list(trajectory_id)
-        budget = self.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        if budget < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        budgets = [self.max_new_tokens if max_new_tokens is None else max_new_tokens]
+        if isinstance(max_new_tokens, (list, tuple, np.ndarray)):
+            budgets = list(max_new_tokens)
+        budgets = [int(b) for b in (budgets * len(ids) if len(budgets) == 1 else budgets)]
+        if len(budgets) != len(ids) or min(budgets) < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, one or one per trajectory id, got "
+                             f"{max_new_tokens} for {len(ids)} ids")
         if not ids or len(set(ids)) != len(ids) or not all(0 <= i < 2**32 for i in ids):
             # A repeated id would repeat its random stream: the group would hold copies.
             raise ValueError(f"trajectory_id must be distinct ints in [0, 2**32), got {ids}")
-        records = tuple(Trajectory(int(i), prompt, budget) for i in ids)
+        records = tuple(Trajectory(int(i), prompt, b) for i, b in zip(ids, budgets))
         return self._prefill(params, prompt, records, version)
 
     def resume(self, params, trajectory: Trajectory, *, version: int) -> tuple[Prefix, jax.Array]:
@@ -433,7 +438,8 @@ class Engine:
 
     def _insert_into_pages(self, prefix: Prefix, decode_state, slots, token_index):
         table, put, group = self.pages, self._put, len(slots)
-        if not self.admits(prefix.length, group, prefix.records[0].max_new_tokens - token_index):
+        if not self.admits(prefix.length, group,
+                           max(r.max_new_tokens for r in prefix.records) - token_index):
             raise OutOfPages(f"{table.free} free pages cannot hold a prefix of {prefix.length} "
                              f"positions for {group} sequences beside the running ones; check "
                              f"`admits` before prefill")

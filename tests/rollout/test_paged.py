@@ -7,15 +7,18 @@ can only come from how the cache is held and read. Engines are built once per mo
 
 import queue
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncrl.model import ModelConfig, init_params
+from asyncrl.model import ModelConfig, apply_hidden, init_params
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Trajectory, Work
-from asyncrl.rollout.pages import OutOfPages, PageTable
+from asyncrl.model.paged import BACKENDS
+from asyncrl.rollout.pages import ATTENTION_BACKENDS, OutOfPages, PageTable
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.train.trainer import _token_logprobs
 
 CONFIG = ModelConfig.tiny()
 MAX_LEN, PAGE = 48, 8
@@ -166,8 +169,6 @@ def test_admission_waits_for_pages_and_generate_refuses_to_overrun(model, engine
 
 
 def test_the_config_names_every_attention_backend_the_model_has():
-    from asyncrl.model.paged import BACKENDS
-    from asyncrl.rollout.pages import ATTENTION_BACKENDS
     assert ATTENTION_BACKENDS == BACKENDS
 
 
@@ -245,3 +246,25 @@ def test_an_instance_hands_preempted_sequences_back_and_reports_its_pages(model,
     assert outcomes == {tid: (30, "length") for tid in range(SLOTS)}
     assert events.extracted_ids and snapshot.preemptions == len(events.extracted_ids)
     assert snapshot.kv_pages == 10 and snapshot.kv_capacity == 10 * PAGE
+
+
+def test_bf16_paged_rollout_logprobs_match_the_trainers(model):
+    """bf16 weights and a bf16 page pool; sampling and log-probs in float32. The behaviour
+    log-probs agree with what the trainer computes for the same tokens from the same bf16
+    weights (its hidden states and chunked log-softmax) within the bf16 logit tolerance the
+    model's tests use."""
+    config = CONFIG.replace(param_dtype="bfloat16")
+    graphdef, params = init_params(config, seed=0)
+    engine = Engine(graphdef, config, num_slots=2, max_len=MAX_LEN, prompt_buckets=(16,),
+                    sampling=SamplingParams(temperature=1.0), stop_tokens=(), max_new_tokens=20,
+                    seed=1, page_size=PAGE, decode_steps=4)
+    assert engine.init_decode_state().cache.dtype == jnp.bfloat16
+    records, _ = _serve(engine, params, requests=[(11, 2, 20)])
+    for record in records.values():
+        sequence = np.concatenate([record.prompt, record.tokens])[None].astype(np.int32)
+        positions = np.arange(sequence.shape[1], dtype=np.int32)[None]
+        hidden, table = apply_hidden(graphdef, params, sequence, positions)
+        trainer, _ = _token_logprobs(hidden, table, jnp.asarray(sequence))
+        trainer = np.asarray(trainer[0, len(record.prompt):], np.float32)
+        np.testing.assert_allclose(record.logprobs, trainer, atol=5e-2)
+        np.testing.assert_allclose(record.policy_logprobs, trainer, atol=5e-2)
