@@ -312,11 +312,13 @@ def paged_figures(args, graphdef, config, params, sampling, max_len):
 
 
 def decode_bytes_figures():
-    """Bytes one compiled decode step accesses, over parameters plus live KV, for a TPU v5e
-    compiled on this host (asyncrl/tpu_compile.py)."""
-    from asyncrl.tpu_compile import decode_bytes_table  # needs libtpu
+    """Bytes one decode step compiled for a TPU v5e on this host accesses, over parameters
+    plus live KV (asyncrl/rollout/decode_cost.py; worst of max_len 1,024 / 4,096 at mean
+    lengths max/8 and max/4, 64 sequences, bf16)."""
+    from asyncrl.rollout import decode_cost  # needs libtpu
 
-    return decode_bytes_table()
+    print()
+    return decode_cost.summary(decode_cost.table())
 
 
 if __name__ == "__main__":

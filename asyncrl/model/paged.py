@@ -71,18 +71,24 @@ class PagedKVCache:
         at = (jnp.broadcast_to(self.layer, positions.shape), page, positions % ps)
         pages = self.pages.at[at].set(kv.astype(self.pages.dtype), mode="drop")
         cache = self.replace(pages=pages)
-        backend = resolve_backend(self.backend)
+        backend = resolve_backend(self.backend, head_dim)
         if backend == "tpu_ragged" and length == 1:
             return _attend_tpu_ragged(cache, q, positions, dtype), cache
         return _attend_gather(cache, q, positions, dtype), cache
 
 
-def resolve_backend(backend: str) -> str:
+def resolve_backend(backend: str, head_dim: int | None = None) -> str:
+    """"auto": the TPU kernel when compiling for a TPU and it can take the shape, else the
+    gather. The kernel tiles head_dim by TPU lanes: it needs a multiple of 128 (Qwen2.5-0.5B's
+    64 fails inside it), so such models gather on TPU too."""
+    from asyncrl.model.transformer import _target_platform
+
     if backend not in BACKENDS:
         raise ValueError(f"paged attention backend must be one of {BACKENDS}, got {backend!r}")
     if backend != "auto":
         return backend
-    return "tpu_ragged" if jax.default_backend() == "tpu" else "gather"
+    kernel_fits = head_dim is None or head_dim % 128 == 0
+    return "tpu_ragged" if _target_platform() == "tpu" and kernel_fits else "gather"
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):

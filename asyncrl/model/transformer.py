@@ -163,7 +163,17 @@ def _flat_decode() -> bool:
     contracts over K * H, so a K-sharded cache would need an all-reduce). Not yet measured on
     GPU, where a fused decode-attention kernel is the real fix.
     """
-    return jax.default_backend() == "cpu"
+    return _target_platform() == "cpu"
+
+
+def _target_platform() -> str:
+    """The platform a trace is compiled for: the default device's where one is set (a compile
+    for a TPU topology from a CPU host, asyncrl/tpu_compile.py, sets a TPU device), else the
+    default backend's."""
+    device = jax.config.jax_default_device
+    if device is None:
+        return jax.default_backend()
+    return device if isinstance(device, str) else device.platform
 
 
 def _attend_one_flat(q, keys, values, mask, dtype):
