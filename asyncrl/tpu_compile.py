@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import re
 from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from asyncrl.host_devices import quiet_libtpu_without_tpu
 
 # Chips one host of each generation holds, as (x, y, z). A topology no larger than this fits
 # one host; libtpu's default (2x2x1) would reject 1x1 and split 2x4 across two hosts.
@@ -54,6 +57,11 @@ def topology_devices(name: str) -> tuple[jax.Device, ...]:
         raise ValueError(f"TPU topology {name!r} has a zero dimension")
     host = _HOST_BOUNDS.get(generation, _DEFAULT_HOST_BOUNDS)
     bounds = tuple(min(d, h) for d, h in zip(dims, host))
+    # libtpu, started on a host with no TPU, logs a page of warnings; the topology is given.
+    quiet_libtpu_without_tpu()
+    # libtpu locks /tmp/libtpu_lockfile so two processes cannot drive one TPU; compiling
+    # drives none, and parallel test workers or plans must not refuse each other.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         from jax.experimental import topologies
         topology = topologies.get_topology_desc(platform="tpu", topology_name=name.strip(),

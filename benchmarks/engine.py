@@ -65,6 +65,9 @@ def parse_args():
     parser.add_argument("--paged_slots", type=int, default=64,
                         help="slots of the paged engine, whose pool holds the KV memory of "
                              "--num_slots contiguous rows")
+    parser.add_argument("--paged_requests", type=int, default=384,
+                        help="requests of the paged-vs-contiguous workload: enough that the "
+                             "engines run full for most of it, not draining a short queue")
     parser.add_argument("--group_size", type=int, default=4,
                         help="GRPO group size of the paged-vs-contiguous workload")
     parser.add_argument("--decode_steps", type=int, default=8,
@@ -121,7 +124,7 @@ def run_static(engine, params, requests):
 def group_workload(args):
     """[(prompt, [response lengths of its G members])]: the same lengths as `workload`, in
     groups sharing a prompt, as GRPO samples them."""
-    requests = workload(args)
+    requests = workload(argparse.Namespace(**{**vars(args), "requests": args.paged_requests}))
     g = args.group_size
     return [(requests[i][0], [n for _, n in requests[i:i + g]])
             for i in range(0, len(requests) - g + 1, g)]
@@ -313,9 +316,9 @@ def paged_figures(args, graphdef, config, params, sampling, max_len):
 
 def decode_bytes_figures():
     """Bytes one decode step compiled for a TPU v5e on this host accesses, over parameters
-    plus live KV (asyncrl/rollout/decode_cost.py; worst of max_len 1,024 / 4,096 at mean
+    plus live KV (asyncrl/decode_cost.py; worst of max_len 1,024 / 4,096 at mean
     lengths max/8 and max/4, 64 sequences, bf16)."""
-    from asyncrl.rollout import decode_cost  # needs libtpu
+    from asyncrl import decode_cost  # needs libtpu
 
     print()
     return decode_cost.summary(decode_cost.table())

@@ -26,7 +26,7 @@ def test_topology_names():
 
 def test_paged_decode_reads_less_than_contiguous():
     from asyncrl.model import ModelConfig
-    from asyncrl.rollout.decode_cost import decode_step_bytes
+    from asyncrl.decode_cost import decode_step_bytes
 
     # head_dim 128: the TPU ragged paged attention kernel needs a multiple of 128.
     config = ModelConfig.tiny(head_dim=128, param_dtype="bfloat16")

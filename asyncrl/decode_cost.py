@@ -24,7 +24,7 @@ second figure takes that traffic out (`asyncrl.tpu_compile.vmem_bytes`):
 hbm_bytes = corrected_bytes - 2 * vmem_bytes (3.23 and 3.26 GB for those two, before the
 kernel's reads are added).
 
-    python -m asyncrl.rollout.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
+    python -m asyncrl.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
                                               # the worst ratio of each as one JSON line
 """
 
