@@ -118,12 +118,14 @@ def with_overrides(config: ml_collections.ConfigDict,
 
 
 def validate(config: ml_collections.ConfigDict, device_count: int, processes: int = 1,
-             process_index: int = 0) -> None:
+             process_index: int = 0, local_files: bool = True) -> None:
     """Checks every field a run depends on, before any model or thread is built.
 
     `device_count`: this process's own (local) devices. In a trainer group of `processes`,
     the trainer mesh takes mesh.trainer_devices of every process and the instances run on
     process 0's (asyncrl/placement.py), so each process is checked for what it must hold.
+    `local_files`: check that the files the config names exist here (not when planning a
+    run for other machines, asyncrl/plan.py).
     """
     for field, minimum in [
         ("staleness.eta", 0), ("train.batch_size", 1), ("train.steps", 1),
@@ -168,7 +170,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     _validate_clip(config)
     if config.task.dataset not in DATASETS:
         _fail("task.dataset", config.task.dataset, f"one of {', '.join(DATASETS)}")
-    if config.task.dataset != "arithmetic":
+    if config.task.dataset != "arithmetic" and local_files:
         for field in ("task.train_path", "task.heldout_path"):
             if not os.path.isfile(_get(config, field)):
                 _fail(field, _get(config, field),
@@ -204,11 +206,13 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     validate_distributed(config)
     _check_devices(config, device_count, processes, process_index)
     checkpoint = config.model.checkpoint
-    if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
+    if (local_files and checkpoint not in ("embedded", "random")
+            and not os.path.exists(checkpoint)):
         _fail("model.checkpoint", checkpoint,
               "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
     routing = config.coordinator.routing
-    if router_needs_latency(routing) and not os.path.isfile(config.coordinator.latency_model):
+    if (local_files and router_needs_latency(routing)
+            and not os.path.isfile(config.coordinator.latency_model)):
         _fail("coordinator.latency_model", config.coordinator.latency_model,
               f"{routing} routing needs the JSON fitted by python benchmarks/profile_engine.py")
     if not 0 < config.rollout.temperature:

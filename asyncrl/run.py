@@ -35,6 +35,7 @@ from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe, resolve_f
 from asyncrl.metrics import MetricsWriter
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
+from asyncrl.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.rewards import REWARDS
@@ -69,9 +70,12 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         follow_group(c, workdir)
         return {}
     data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
-    policy = load_policy(c.model)
     Rollouts, placement = rollouts_for(c)
     trainer_mesh, rollout_meshes = placement(c.mesh)
+    # Before any weights load: a run its accelerators cannot hold ends here, saying why.
+    check_devices_hold_the_state(c, trainer_mesh.devices.flat,
+                                 [m.devices.flat for m in rollout_meshes])
+    policy = load_policy(c.model)
     layout = describe_layout(trainer_mesh, rollout_meshes)
     trainer = trainer_for(c, policy, trainer_mesh)
     rollouts = Rollouts(c, policy, rollout_meshes, data)

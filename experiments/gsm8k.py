@@ -37,13 +37,28 @@ from asyncrl.config_args import parse_arg
 from asyncrl.model.chat import BOXED_SYSTEM_PROMPT
 from experiments import grpo
 
+# Real model shapes (their public config.json, as ModelConfig presets), sized for long
+# responses on TPU slices and GPU VMs: `experiments/gsm8k.py:qwen2.5-7b,model=…`. Plan the
+# chips first: python -m asyncrl.plan --config=experiments/gsm8k.py:qwen2.5-7b --trainer=v5p-16
+# --rollout=v6e-8. `pages` is each instance's KV pool: 16-position pages, sized to leave an
+# instance's chip room for the weights (bf16) and the decode step's temporaries.
+VARIANTS = {
+    "qwen2.5-1.5b": dict(preset="qwen2_5_1_5b", pages=16384),  # 28 KiB of KV per token
+    "qwen2.5-7b": dict(preset="qwen2_5_7b", pages=8192),  # 56 KiB
+    "llama-3.1-8b": dict(preset="llama3_1_8b", pages=4096),  # 128 KiB
+    "qwen3-8b": dict(preset="qwen3_8b", pages=4096),  # 144 KiB
+}
+
 
 def get_config(arg: str | None = None):
-    arg = parse_arg(arg, train="data/gsm8k/train.jsonl", test="data/gsm8k/test.jsonl",
-                    model="models/qwen2.5-0.5b", dataset="gsm8k", eta=2, trainer_devices=4,
-                    instances=4)
+    words = [w for w in (arg or "").split(",") if w]
+    variants = [w for w in words if w in VARIANTS]
+    arg = parse_arg(",".join(w for w in words if w not in VARIANTS),
+                    train="data/gsm8k/train.jsonl", test="data/gsm8k/test.jsonl",
+                    model="", dataset="gsm8k", eta=2, trainer_devices=4, instances=4)
     c = grpo.get_config(f"eta={arg.eta}")
-    c.model.checkpoint = arg.model
+    c.model.checkpoint = arg.model or (f"models/{variants[0]}" if variants
+                                       else "models/qwen2.5-0.5b")
     # The forward and backward passes and the weights rollout gets; the trainer keeps float32
     # master weights and Adam moments (asyncrl/train/trainer.py).
     c.model.param_dtype = "bfloat16"
@@ -80,4 +95,22 @@ def get_config(arg: str | None = None):
     c.eval.every_steps = 20
     c.eval.samples = 8
     c.eval.pass_k = (1, 8)
+    if len(variants) > 1:
+        from asyncrl.config_args import ConfigError
+        raise ConfigError(f"config argument: one model variant at most, got {variants}")
+    for name in variants:
+        _real_shape(c, **VARIANTS[name])
     return c
+
+
+def _real_shape(c, preset: str, pages: int) -> None:
+    """A 1.5-8B model: the shape named (the checkpoint folder's config.json wins when it is
+    there), paged KV for 2,048-token responses, the trainer sharded (FSDP over its chips)
+    with full remat and 8 micro-batches."""
+    c.model.preset = preset
+    c.rollout.max_new_tokens = 2048
+    c.rollout.page_size = 16
+    c.rollout.num_pages = pages
+    c.rollout.decode_steps_per_dispatch = 8
+    c.train.remat = "full"
+    c.eval.max_new_tokens = 2048

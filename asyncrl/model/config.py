@@ -125,6 +125,33 @@ class ModelConfig:
                    eos_token_ids=(151645, 151643)).replace(**changes)
 
     @classmethod
+    def qwen2_5_1_5b(cls, **changes) -> ModelConfig:
+        """Qwen/Qwen2.5-1.5B-Instruct."""
+        return cls.qwen2_5_0_5b(hidden_dim=1536, num_layers=28, num_heads=12, num_kv_heads=2,
+                                head_dim=128, mlp_dim=8960).replace(**changes)
+
+    @classmethod
+    def qwen2_5_7b(cls, **changes) -> ModelConfig:
+        """Qwen/Qwen2.5-7B-Instruct (untied unembedding, a larger vocabulary)."""
+        return cls.qwen2_5_0_5b(vocab_size=152064, hidden_dim=3584, num_layers=28,
+                                num_heads=28, num_kv_heads=4, head_dim=128, mlp_dim=18944,
+                                tie_embeddings=False).replace(**changes)
+
+    @classmethod
+    def qwen3_8b(cls, **changes) -> ModelConfig:
+        """Qwen/Qwen3-8B."""
+        return cls.qwen3_0_6b(hidden_dim=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                              head_dim=128, mlp_dim=12288, tie_embeddings=False).replace(**changes)
+
+    @classmethod
+    def llama3_1_8b(cls, **changes) -> ModelConfig:
+        """meta-llama/Llama-3.1-8B-Instruct."""
+        return cls.llama3_2_1b(hidden_dim=4096, num_layers=32, num_heads=32, num_kv_heads=8,
+                               head_dim=128, mlp_dim=14336, tie_embeddings=False,
+                               rope_scaling=Llama3RopeScaling(8.0, 1.0, 4.0, 8192)
+                               ).replace(**changes)
+
+    @classmethod
     def qwen3_0_6b(cls, **changes) -> ModelConfig:
         """Qwen/Qwen3-0.6B."""
         return cls(vocab_size=151936, hidden_dim=1024, num_layers=28, num_heads=16,
