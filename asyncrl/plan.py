@@ -36,7 +36,6 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
-import pathlib  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
@@ -149,6 +148,12 @@ def trainer_part(c, model, accelerator) -> tuple[Part, dict]:
         pieces["activation_bytes"] = step or 0.0
         return Part(accelerator, sum(pieces.values()), pieces), {"compile_s": 0.0}
     pieces["activation_bytes"] = step["temp_bytes"]
+    # The first half of the trainer-to-rollout reshard: the policy copy cast on the trainer's
+    # shards (the second half crosses to the rollout's chips over the network).
+    cast = (_compiled(trainer.to_policy, (state.params,), devices)
+            if model.param_dtype != "float32" else None)  # float32: the master is the policy
+    if isinstance(cast, dict):
+        pieces["policy_copy_bytes"] = cast["output_bytes"]
     total = step["device_bytes"] + pieces["policy_copy_bytes"]
     return Part(accelerator, total, pieces), {"compile_s": time.perf_counter() - start}
 
@@ -244,11 +249,12 @@ def check_fits(trainer: Part, rollout: Part | None, c) -> None:
                     f"per chip (float32 master weights {p['params_bytes'] / 1e9:.1f} GB, Adam "
                     f"moments {p['optimizer_bytes'] / 1e9:.1f} GB); FSDP splits them: use at "
                     f"least {chips} trainer chips")
+            remat = "" if c.train.remat == "full" else f", set train.remat='full' (now " \
+                                                         f"'{c.train.remat}')"
             raise DoesNotFit(
                 f"{head}: activations and other temporaries of the train step are "
                 f"{p['activation_bytes'] / 1e9:.1f} GB; raise train.num_microbatches (now "
-                f"{c.train.num_microbatches}), set train.remat='full' (now "
-                f"'{c.train.remat}'), or use more trainer chips")
+                f"{c.train.num_microbatches}){remat}, or use more trainer chips")
         if p["params_bytes"] >= part.capacity:
             raise DoesNotFit(f"{head}: the weights alone are {p['params_bytes'] / 1e9:.1f} GB "
                              f"and an instance holds them whole on each chip: use a chip with "
