@@ -27,10 +27,17 @@ def test_engine_benchmark():
     result = _last_json("engine.py", "--hidden_dim=64", "--num_layers=1", "--vocab_size=256",
                         "--num_slots=4", "--requests=12", "--max_new_tokens=24",
                         "--median_len=6", "--prompt_buckets", "8", "--naive_steps=2",
-                        "--repeats=1")
-    assert result.keys() == {"slot_tok_s", "static_tok_s", "naive_tok_s", "slot_vs_static"}
-    assert min(result.values()) > 0
+                        "--repeats=1", "--page_size=4", "--paged_slots=8",
+                        "--paged_requests=16", "--group_size=2", "--decode_steps=2",
+                        "--skip_tpu")  # the TPU byte count: tests/test_tpu_compile.py
+    assert result.keys() == {"slot_tok_s", "static_tok_s", "naive_tok_s", "slot_vs_static",
+                             "contiguous_tok_s", "paged_tok_s", "paged_vs_contiguous_concurrency",
+                             "paged_vs_contiguous_tok_s", "multistep_vs_single",
+                             "group_prefill_saving", "preemptions"}
+    assert min(v for k, v in result.items() if k != "preemptions") > 0
     assert result["slot_vs_static"] == round(result["slot_tok_s"] / result["static_tok_s"], 2)
+    assert result["paged_vs_contiguous_tok_s"] == round(
+        result["paged_tok_s"] / result["contiguous_tok_s"], 2)
 
 
 def test_protocol_benchmark():
