@@ -68,7 +68,8 @@ def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: 
     state = jax.eval_shape(engine._empty_state)
     table = (None if page_size is None else
              jax.ShapeDtypeStruct((num_seqs, max_len // page_size), jnp.int32))
-    # "tpu_ragged" named, not "auto": auto asks the default backend, this host's CPU.
+    # "tpu_ragged" named, not "auto": a shape the kernel cannot take must fail here, not be
+    # measured through the gather instead.
     step = functools.partial(_generate, graphdef, steps=1, attention="tpu_ragged",
                              seed=engine.seed, sampling=sampling,
                              stop_tokens=engine.stop_tokens, max_len=max_len)

@@ -3,6 +3,7 @@ against its real accelerators, before it loads any weights (asyncrl/plan.py plan
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import pathlib
@@ -30,12 +31,15 @@ def model_of(c):
     return preset(param_dtype=c.model.param_dtype), f"preset {c.model.preset}"
 
 
-def kv_bytes_per_token(model) -> float:
-    """Keys and values of every layer, in the model's dtype (the engine's default KV dtype)."""
-    import jax.numpy as jnp
+@functools.lru_cache(maxsize=None)
+def param_count(model) -> float:
+    """Parameters of a ModelConfig, from the abstract model (nothing materialised)."""
+    import jax
+    import numpy as np
 
-    itemsize = jnp.dtype(model.param_dtype).itemsize
-    return 2 * model.num_layers * model.num_kv_heads * model.head_dim * itemsize
+    from asyncrl.model import abstract_params
+
+    return float(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params(model)[1])))
 
 
 def check_devices_hold_the_state(c, trainer_devices, instance_devices=()) -> None:
@@ -43,11 +47,6 @@ def check_devices_hold_the_state(c, trainer_devices, instance_devices=()) -> Non
     the state each device must hold for the whole run (the trainer's float32 master weights,
     Adam moments and the policy copy, FSDP-split; an instance's weights and KV cache), against
     the device's memory limit. Temporaries are the compiler's to check when it compiles."""
-    import jax
-    import numpy as np
-
-    from asyncrl.model import abstract_params
-
     devices = list(trainer_devices) + [d for mesh in instance_devices for d in mesh]
     if not devices or devices[0].platform == "cpu" or str(c.model.checkpoint).endswith(".gguf"):
         return  # host memory, or a shape only the file says (read with the weights)
@@ -57,8 +56,10 @@ def check_devices_hold_the_state(c, trainer_devices, instance_devices=()) -> Non
         return
     import jax.numpy as jnp
 
+    from asyncrl.model.paged import kv_bytes_per_token
+
     model, _ = model_of(c)
-    count = float(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params(model)[1])))
+    count = param_count(model)
     policy = jnp.dtype(model.param_dtype).itemsize
     copies = 3 + (1 if c.train.kl_coef > 0 else 0)  # master, two moments, the reference
     kind = f"{devices[0].device_kind} ({capacity / 1e9:.1f} GB)"

@@ -34,6 +34,7 @@ split_cpu_host(8)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import tempfile  # noqa: E402
@@ -44,7 +45,7 @@ from absl import flags  # noqa: E402
 from asyncrl import accelerators  # noqa: E402
 from asyncrl.cli import define_config_flag, run_main  # noqa: E402
 from asyncrl.errors import UserError  # noqa: E402
-from asyncrl.hbm import DoesNotFit, kv_bytes_per_token, model_of  # noqa: E402
+from asyncrl.hbm import DoesNotFit, model_of, param_count  # noqa: E402
 
 _CONFIG = define_config_flag("experiments/gsm8k.py:qwen2.5-7b", "Experiment config to plan.")
 _TRAINER = flags.DEFINE_string("trainer", None, "The trainer's chips: a Cloud TPU accelerator "
@@ -144,8 +145,8 @@ def trainer_part(c, model, accelerator) -> tuple[Part, dict]:
               if model.param_dtype != "float32" else 0.0}
     start = time.perf_counter()
     step = _compiled(trainer.step, (state, batch), devices, (0,))
-    if step is None or isinstance(step, float):  # the TPU compiler found it cannot fit
-        pieces["activation_bytes"] = step or 0.0
+    if not isinstance(step, dict):  # the TPU compiler found it cannot fit
+        pieces["activation_bytes"] = step
         return Part(accelerator, sum(pieces.values()), pieces), {"compile_s": 0.0}
     pieces["activation_bytes"] = step["temp_bytes"]
     # The first half of the trainer-to-rollout reshard: the policy copy cast on the trainer's
@@ -196,28 +197,29 @@ def rollout_part(c, model, accelerator) -> tuple[Part, dict]:
     devices = _devices(accelerator, per_instance)
     graphdef, params = abstract_params(model)
     max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
+    # The run's own engine options: "auto" attention resolves when traced for the target
+    # (compile_for sets its device), to the TPU kernel or the gather as the run would.
     kv = KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout)
-    attention = "tpu_ragged" if accelerator.kind == "tpu" and model.head_dim % 128 == 0 else "gather"
     sampling = SamplingParams.of_rollout(c.rollout)
     engine = Engine(graphdef, model, num_slots=c.rollout.num_slots, max_len=max_len,
                     prompt_buckets=(c.rollout.prompt_bucket,), sampling=sampling,
-                    **dict(kv.as_kwargs(), attention=attention))
+                    **kv.as_kwargs())
     state = jax.eval_shape(engine._empty_state)
     table = (None if engine.pages is None else
              jax.ShapeDtypeStruct((engine.num_slots, engine.pages.width), jnp.int32))
-    decode = jax.tree_util.Partial(  # the engine's own dispatch, as it jits it
-        _generate, graphdef, steps=engine.decode_steps, attention=attention, seed=0,
+    decode = functools.partial(  # the engine's own dispatch, as it jits it
+        _generate, graphdef, steps=engine.decode_steps, attention=kv.attention, seed=0,
         sampling=sampling, stop_tokens=engine.stop_tokens, max_len=max_len)
+    prefill = functools.partial(_prefill_chunk, graphdef)
     pages = engine.pages.num_pages if engine.pages is not None else engine.num_slots
     pieces = {"params_bytes": _nbytes(params), "kv_bytes": _nbytes(state.cache),
               "kv_pages": pages, "page_size": engine.page_size or max_len}
     start = time.perf_counter()
-    decoded = _compiled(lambda p, s, t: decode(p, s, t), (params, state, table), devices, (1,))
+    decoded = _compiled(decode, (params, state, table), devices, (1,))
     row = jax.eval_shape(engine._new_row)
     tokens = jax.ShapeDtypeStruct((1, c.rollout.prompt_bucket), jnp.int32)
     scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    prefilled = _compiled(lambda p, r, t, s, i: _prefill_chunk(graphdef, p, r, t, s, i),
-                          (params, row, tokens, scalar, scalar), devices, (1,))
+    prefilled = _compiled(prefill, (params, row, tokens, scalar, scalar), devices, (1,))
     info = {"compile_s": time.perf_counter() - start, "engine": engine}
     if not isinstance(decoded, dict) or not isinstance(prefilled, dict):
         refused = [x for x in (decoded, prefilled) if not isinstance(x, dict)]
@@ -272,10 +274,20 @@ def check_fits(trainer: Part, rollout: Part | None, c) -> None:
                          f"{c.rollout.num_slots})")
 
 
-def predictions(c, model, rollout: Part, trainer_chips: int, trainer_chip) -> dict:
-    """Roofline times on the datasheets (module docstring), for `trainer_chips` trainer chips
-    and one rollout instance of `rollout`."""
-    n = _param_count(model)
+def policy_bytes(model) -> float:
+    """The weights rollout receives: every parameter in the model's dtype."""
+    import jax.numpy as jnp
+
+    return param_count(model) * jnp.dtype(model.param_dtype).itemsize
+
+
+def predictions(c, model, rollout: Part, trainer: accelerators.Accelerator) -> dict:
+    """Roofline times on the datasheets (module docstring), for the `trainer` chips and one
+    rollout instance of `rollout`."""
+    from asyncrl.model.paged import kv_bytes_per_token
+
+    n = param_count(model)
+    trainer_chip = trainer.chip
     r_chip = rollout.accelerator.chip
     length = c.rollout.prompt_bucket + c.rollout.max_new_tokens
     tokens = c.train.batch_size * c.rollout.group_size * length
@@ -288,30 +300,22 @@ def predictions(c, model, rollout: Part, trainer_chips: int, trainer_chip) -> di
     # An instance's chips hold the weights whole (rollout rules replicate them): each reads
     # them all, so its decode step is one chip's.
     weights_s = rollout.pieces["params_bytes"] / r_chip.hbm_bytes_per_s
-    bandwidth = (GPU_PEER_BYTES_PER_S if rollout.accelerator.kind == "gpu"
-                 and trainer_chip.name.startswith("NVIDIA") else HOST_NETWORK_BYTES_PER_S)
-    return {"train_step_s": train_flops / (trainer_chips * trainer_chip.bf16_flops_per_s
+    bandwidth = (GPU_PEER_BYTES_PER_S if rollout.accelerator.kind == trainer.kind == "gpu"
+                 else HOST_NETWORK_BYTES_PER_S)
+    return {"train_step_s": train_flops / (trainer.chips * trainer_chip.bf16_flops_per_s
                                            * TRAIN_MFU) + STEP_OVERHEAD_S,
             "train_flops": train_flops, "train_tokens": tokens,
             "decode_weights_s": weights_s, "decode_kv_s_per_token": kv_per_token / r_chip.hbm_bytes_per_s,
             "prefill_s_per_token": 2 * n / r_chip.bf16_flops_per_s,
-            "weight_sync_s": n * 2 / bandwidth + SYNC_OVERHEAD_S, "sync_bandwidth": bandwidth}
-
-
-def _param_count(model) -> float:
-    import jax
-    import numpy as np
-
-    from asyncrl.model import abstract_params
-
-    return float(sum(np.prod(x.shape) for x in jax.tree.leaves(abstract_params(model)[1])))
+            "weight_sync_s": policy_bytes(model) / bandwidth + SYNC_OVERHEAD_S,
+            "sync_bandwidth": bandwidth}
 
 
 def profile_for(c, model, predicted: dict, rollout: Part, trainer_chips: int,
                 instances: int) -> dict:
     """A simulator profile (asyncrl/sim/profile.py) from the predictions."""
     return {
-        "name": "planned", "model": f"{_param_count(model):.4g} parameters",
+        "name": "planned", "model": f"{param_count(model):.4g} parameters",
         "hardware": f"{instances} rollout instances of {rollout.accelerator.chip.name}; "
                     f"the trainer on {trainer_chips} chips",
         "source": "asyncrl.plan: roofline predictions on the datasheets",
@@ -321,7 +325,7 @@ def profile_for(c, model, predicted: dict, rollout: Part, trainer_chips: int,
         "prefill_s_per_token": predicted["prefill_s_per_token"],
         "instance": {"num_slots": c.rollout.num_slots,
                      "kv_capacity_tokens": rollout.pieces["kv_pages"] * rollout.pieces["page_size"]},
-        "weights_bytes": _param_count(model) * 2,
+        "weights_bytes": policy_bytes(model),
         "network": {"weight_bandwidth_bytes_per_s": predicted["sync_bandwidth"],
                     "weight_sync_overhead_s": SYNC_OVERHEAD_S},
         "trainer": {"gpu_s_per_token": (predicted["train_step_s"] - STEP_OVERHEAD_S)
@@ -395,7 +399,7 @@ def recommend(c, model, trainer: Part, rollout: Part, etas, response_median: flo
         if scaled_trainer(trainer, t_chips).hbm_bytes_per_device > trainer.capacity:
             continue
         instances = r_chips // per_instance
-        predicted = predictions(c, model, rollout, t_chips, trainer.accelerator.chip)
+        predicted = predictions(c, model, rollout, trainer.accelerator.with_chips(t_chips))
         profile = profile_for(c, model, predicted, rollout, t_chips, instances)
         sync = simulate(c, profile, instances, t_chips, 0, "sync", response_median)
         for eta in etas:
@@ -436,7 +440,7 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
                         local_files=False)
     model, source = model_of(c)
     started = time.perf_counter()
-    print(f"model: {source}, {_param_count(model) / 1e9:.2f}B parameters, {model.param_dtype}")
+    print(f"model: {source}, {param_count(model) / 1e9:.2f}B parameters, {model.param_dtype}")
     print(f"trainer: {trainer_acc.name} = {trainer_acc.chips} x {trainer_acc.chip.name}; "
           f"rollout: {rollout_acc.name} = {rollout_acc.chips} x {rollout_acc.chip.name}"
           + ("" if trainer_acc.kind == "tpu" and rollout_acc.kind == "tpu" else
@@ -455,7 +459,7 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
     page = rollout.pieces["page_size"]
     per_sequence = math.ceil(mean_len / page) if engine.pages is not None else 1
     concurrent = min(c.rollout.num_slots, rollout.pieces["kv_pages"] // per_sequence)
-    predicted = predictions(c, model, rollout, trainer_acc.chips, trainer_acc.chip)
+    predicted = predictions(c, model, rollout, trainer_acc)
     decode_s = (DECODE_OVERHEAD_S + predicted["decode_weights_s"]
                 + concurrent * mean_len * predicted["decode_kv_s_per_token"])
     median = response_median or c.rollout.max_new_tokens / 8

@@ -133,10 +133,11 @@ def group_workload(args):
 def run_groups(engine, params, groups):
     """Continuous refill by groups, admitted when slots (and pages) allow; a preempted
     sequence goes to the back of the queue and resumes. Returns (tokens, dispatches, mean
-    sequences resident per dispatch, preemptions)."""
+    sequences resident per dispatch while work was still queued (the steady state, not the
+    drain at the end), preemptions)."""
     state = engine.init_decode_state()
     queue = [("group", prompt, lengths) for prompt, lengths in groups]
-    tokens = dispatches = resident = preempted = 0
+    tokens = dispatches = resident = steady = preempted = 0
     next_id = 0
     while queue or engine.running():
         while queue:
@@ -162,11 +163,13 @@ def run_groups(engine, params, groups):
         for record in engine.preempt():
             preempted += 1
             queue.append(("resume", record, None))
-        resident += len(engine.running())
+        if queue:
+            resident += len(engine.running())
+            steady += 1
         state, _ = engine.generate(params, state, version=0)
         dispatches += 1
         tokens += sum(len(t.tokens) for t in engine.pop_finished())
-    return tokens, dispatches, resident / max(dispatches, 1), preempted
+    return tokens, dispatches, resident / max(steady, 1), preempted
 
 
 def make_naive(graphdef, sampling, seed):

@@ -85,24 +85,23 @@ def resolve_backend(backend: str, head_dim: int | None = None) -> str:
 
     if backend not in BACKENDS:
         raise ValueError(f"paged attention backend must be one of {BACKENDS}, got {backend!r}")
+    kernel_fits = head_dim is None or head_dim % 128 == 0
+    if backend == "tpu_ragged" and not kernel_fits:
+        raise ValueError(f"the tpu_ragged attention kernel needs head_dim a multiple of 128, "
+                         f"the model's is {head_dim}: use 'auto' or 'gather'")
     if backend != "auto":
         return backend
-    kernel_fits = head_dim is None or head_dim % 128 == 0
     return "tpu_ragged" if _target_platform() == "tpu" and kernel_fits else "gather"
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):
     """Every row's W pages gathered into [B, W * page_size, 2K, H], then dense attention."""
-    from asyncrl.model.transformer import _attend, _attend_one_flat, _flat_decode
+    from asyncrl.model.transformer import attend_cached
 
-    batch, length, kv_heads, _, head_dim = q.shape
+    batch, _, kv_heads, _, head_dim = q.shape
     rows = cache.pages[cache.layer, jnp.minimum(cache.page_table, cache.num_pages - 1)]
     rows = rows.reshape(batch, -1, 2 * kv_heads, head_dim)  # [B, S, 2K, H]
-    keys, values = rows[:, :, 0::2], rows[:, :, 1::2]
-    mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
-    if length == 1 and _flat_decode():
-        return _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
-    return _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
+    return attend_cached(q, rows[:, :, 0::2], rows[:, :, 1::2], positions, dtype)
 
 
 def ragged_inputs(cache: PagedKVCache, q, positions):
@@ -131,8 +130,14 @@ def _attend_tpu_ragged(cache: PagedKVCache, q, positions, dtype):
     return out.reshape(batch, 1, kv_heads, groups, head_dim).astype(dtype)
 
 
+def kv_bytes_per_token(config: ModelConfig, dtype=None) -> int:
+    """Keys and values of one position in every layer; dtype defaults to the model's (the
+    engine's default cache dtype)."""
+    itemsize = jnp.dtype(dtype or config.param_dtype).itemsize
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * itemsize
+
+
 def live_kv_bytes(config: ModelConfig, lengths, page_size: int, dtype) -> int:
     """Bytes of KV a paged decode step must read: each row's pages below its length."""
     pages = sum(-(-int(n) // page_size) for n in lengths)
-    return (pages * page_size * 2 * config.num_kv_heads * config.head_dim
-            * config.num_layers * jnp.dtype(dtype).itemsize)
+    return pages * page_size * kv_bytes_per_token(config, dtype)

@@ -237,9 +237,8 @@ _UNROLL_LAYERS = contextvars.ContextVar("unroll_layers", default=False)
 
 
 @contextlib.contextmanager
-def unrolled_layers(unroll: int | bool = True):
-    """While active, `Decoder.hidden` traces its layer scan with `jax.lax.scan(unroll=unroll)`:
-    True unrolls it fully, an int puts that many layers in each loop iteration.
+def unrolled_layers():
+    """While active, `Decoder.hidden` traces its layer scan fully unrolled.
 
     For cost analysis only (asyncrl/tpu_compile.py): XLA's cost analysis counts a while
     loop's body once whatever its trip count, so a scanned model reads as one layer's bytes
@@ -247,7 +246,7 @@ def unrolled_layers(unroll: int | bool = True):
     compile time then grows with depth. It is read at trace time and jit's cache does not know
     of it: a function traced before keeps its loop, so trace a fresh one inside the block.
     """
-    token = _UNROLL_LAYERS.set(unroll)
+    token = _UNROLL_LAYERS.set(True)
     try:
         yield
     finally:
@@ -358,12 +357,16 @@ class KVCache:
         cache_v = self.v.at[at].set(v.astype(self.v.dtype), mode="drop")
         keys = jax.lax.dynamic_index_in_dim(cache_k, self.layer, keepdims=False)  # [B, S, K, H]
         values = jax.lax.dynamic_index_in_dim(cache_v, self.layer, keepdims=False)
-        mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        if q.shape[1] == 1 and _flat_decode():
-            out = _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
-        else:
-            out = _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
-        return out, self.replace(k=cache_k, v=cache_v)
+        return attend_cached(q, keys, values, positions, dtype), self.replace(k=cache_k, v=cache_v)
+
+
+def attend_cached(q, keys, values, positions, dtype):
+    """q [B, T, K, G, H] at `positions` [B, T] over cached keys / values [B, S, K, H], slot j
+    holding position j: each query sees slots j <= its position. [B, T, K, G, H]."""
+    mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+    if q.shape[1] == 1 and _flat_decode():
+        return _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
+    return _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
 
 
 def init_params(config: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:

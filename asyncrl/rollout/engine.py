@@ -5,8 +5,9 @@ every jitted call that updates it. The cache is either one contiguous row of max
 or (`page_size`) a pool of pages that slots take as they grow (asyncrl/rollout/pages.py keeps
 which, on the host): admission is then by free pages, a GRPO group shares its prompt's pages,
 attention reads pages through a table (asyncrl/model/paged.py), and a dispatch that would
-outgrow the pool is refused until `preempt` hands a sequence back, partial, to resume. The host holds, per slot, the `Trajectory` being
-generated there (ids, tokens so far, log-probs, the weight version of every token).
+outgrow the pool is refused until `preempt` hands a sequence back, partial, to resume. The
+host holds, per slot, the `Trajectory` being generated there (ids, tokens so far, log-probs,
+the weight version of every token).
 
 Slot lifecycle:
 
@@ -58,6 +59,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from asyncrl.model import KVCache, ModelConfig, PagedKVCache, ShardingRules, apply, shardings_for
+from asyncrl.model.paged import resolve_backend
 from asyncrl.model.sharding import PAGE_AXES
 from asyncrl.rollout.pages import PREEMPTION, OutOfPages, PageTable
 from asyncrl.rollout.messages import Trajectory
@@ -301,6 +303,7 @@ class Engine:
             if num_pages < width:
                 raise ValueError(f"num_pages={num_pages} cannot hold one sequence of max_len="
                                  f"{max_len} ({width} pages of {page_size})")
+            resolve_backend(attention, config.head_dim)  # a kernel that cannot take it: now
             self.pages = PageTable(num_slots, num_pages, page_size, width)
             self.reserve, self.preemption = reserve, preemption
 
@@ -457,7 +460,7 @@ class Engine:
             limit = self._position_limit(prefix.length, record.max_new_tokens - token_index)
             table.assign(slot, shared + private[g:g + 1], prefix.length, limit)
             if self.reserve == "budget":
-                table.top_up(self.max_len, [slot])
+                table.reserve_all(slot)
         return decode_state
 
     def _position_limit(self, length: int, budget_left: int) -> int:
@@ -520,6 +523,8 @@ class Engine:
         table = None
         if self.pages is not None:
             self.pages.top_up(self.decode_steps, self._running_slots())
+            # A copy: on a CPU device_put may alias the host array, which the next top-up
+            # changes while this dispatch may still be reading it.
             table = self._put(self.pages.table.copy())
         decode_state, result = self._generate(params, decode_state, table)
         outputs = (result.tokens, result.logprobs, result.policy_logprobs, result.valid,

@@ -112,10 +112,19 @@ class PageTable:
             raise OutOfPages(f"the next dispatch needs {sum(short.values())} more pages, "
                              f"{len(self._free)} free")
         for slot, missing in short.items():
-            self.slots[slot].pages += self.take(missing)
-            self._write_row(slot)
+            self._grow(slot, missing)
         for slot in running:
             self.slots[slot].steps += steps
+
+    def reserve_all(self, slot: int) -> None:
+        """Gives `slot` every page it can ever write (its limit), up front."""
+        held = self.slots[slot]
+        self._grow(slot, self.pages_for(held.limit) - len(held.pages))
+
+    def _grow(self, slot: int, count: int) -> None:
+        if count > 0:
+            self.slots[slot].pages += self.take(count)
+            self._write_row(slot)
 
     def _write_row(self, slot: int) -> None:
         pages = self.slots[slot].pages

@@ -188,6 +188,14 @@ def test_page_table_refcounts():
         table.release_slot(slot)
     assert table.free == 10 and (table.refs == 0).all()
     assert table.prompt_pages_shared == 4 and table.prompt_pages_total == 9
+    table.assign(0, table.take(1), start=3, limit=14)  # partial rollout off: all up front
+    table.reserve_all(0)
+    assert len(table.slots[0].pages) == 4 and table.shortfall(100, [0]) == {}
+
+
+def test_a_kernel_that_cannot_take_the_model_is_refused_when_the_engine_is_built(model):
+    with pytest.raises(ValueError, match="head_dim a multiple of 128, the model's is 16"):
+        _engine(model, 1.0, page_size=PAGE, attention="tpu_ragged")
 
 
 class _Sink:
