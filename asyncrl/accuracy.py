@@ -35,6 +35,8 @@ from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.rewards import REWARDS
 from asyncrl.rewards.registry import format_check, strict_grader
 from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.messages import Trajectory
+from asyncrl.rollout.slots import Slots
 from asyncrl.rollout.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -66,21 +68,21 @@ def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: 
     correct, formatted, lengths = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     cut = np.zeros(shape, bool)
     responses = [[""] * samples for _ in prompts]
-    state = engine.init_decode_state()
+    slots, state = Slots(engine), engine.init_decode_state()
     pending = list(range(len(prompts)))[::-1]
-    while pending or len(engine.free_slots()) < engine.num_slots:
-        free = engine.free_slots()
+    while pending or len(slots.free_slots()) < engine.num_slots:
+        free = slots.free_slots()
         while pending and len(free) >= samples:
             i = pending.pop()
+            prompt = np.asarray(prompts[i], np.int32)
             # Sample j of problem i is trajectory i·samples + j: its own random stream.
-            ids = [i * samples + j for j in range(samples)]
-            prefix, _ = engine.prefill(params, np.asarray(prompts[i], np.int32),
-                                       trajectory_id=ids, version=version)
-            state = engine.insert(prefix, state, free[:samples])
+            group = [Trajectory(i * samples + j, prompt, engine.max_new_tokens)
+                     for j in range(samples)]
+            state = slots.start(params, state, group, free[:samples], version=version)
             free = free[samples:]
-        if engine.running():
-            state, _ = engine.generate(params, state, version=version)
-        for record in engine.pop_finished():
+        if slots.running():
+            state = slots.step(params, state, version=version)
+        for record in slots.pop_finished():
             i, j = divmod(record.trajectory_id, samples)
             response = decode(record.tokens)
             correct[i, j] = score(response, answers[i]) >= 1.0

@@ -199,19 +199,19 @@ def rollout_part(c, model, accelerator) -> tuple[Part, dict]:
     max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
     # The run's own engine options: "auto" attention resolves when traced for the target
     # (compile_for sets its device), to the TPU kernel or the gather as the run would.
-    kv = KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout)
+    kv = KVOptions.of_rollout(c.rollout)
     sampling = SamplingParams.of_rollout(c.rollout)
     engine = Engine(graphdef, model, num_slots=c.rollout.num_slots, max_len=max_len,
                     prompt_buckets=(c.rollout.prompt_bucket,), sampling=sampling,
-                    **kv.as_kwargs())
+                    **kv.engine_kwargs())
     state = jax.eval_shape(engine._empty_state)
-    table = (None if engine.pages is None else
-             jax.ShapeDtypeStruct((engine.num_slots, engine.pages.width), jnp.int32))
+    table = (None if engine.page_size is None else
+             jax.ShapeDtypeStruct((engine.num_slots, engine.pages_per_row), jnp.int32))
     decode = functools.partial(  # the engine's own dispatch, as it jits it
         _generate, graphdef, steps=engine.decode_steps, attention=kv.attention, seed=0,
         sampling=sampling, stop_tokens=engine.stop_tokens, max_len=max_len)
     prefill = functools.partial(_prefill_chunk, graphdef)
-    pages = engine.pages.num_pages if engine.pages is not None else engine.num_slots
+    pages = engine.num_pages if engine.page_size is not None else engine.num_slots
     pieces = {"params_bytes": _nbytes(params), "kv_bytes": _nbytes(state.cache),
               "kv_pages": pages, "page_size": engine.page_size or max_len}
     start = time.perf_counter()
@@ -457,7 +457,7 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
     engine = r_info["engine"]
     mean_len = c.rollout.prompt_bucket / 2 + (response_median or c.rollout.max_new_tokens / 8)
     page = rollout.pieces["page_size"]
-    per_sequence = math.ceil(mean_len / page) if engine.pages is not None else 1
+    per_sequence = math.ceil(mean_len / page) if engine.page_size is not None else 1
     concurrent = min(c.rollout.num_slots, rollout.pieces["kv_pages"] // per_sequence)
     predicted = predictions(c, model, rollout, trainer_acc)
     decode_s = (DECODE_OVERHEAD_S + predicted["decode_weights_s"]

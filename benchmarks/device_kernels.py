@@ -38,6 +38,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from asyncrl.model import ModelConfig, ShardingRules, graphdef_for, shardings_for  # noqa: E402
 from asyncrl.placement import place  # noqa: E402
 from asyncrl.rollout.engine import Engine  # noqa: E402
+from asyncrl.rollout.messages import Trajectory  # noqa: E402
+from asyncrl.rollout.slots import Slots  # noqa: E402
 from asyncrl.rollout.sampling import SamplingParams  # noqa: E402
 from asyncrl.run import train_config  # noqa: E402
 from asyncrl.servers.parameters import ParameterServer  # noqa: E402
@@ -98,20 +100,19 @@ def measure_decode(graphdef, model: ModelConfig, params, mesh, c, slots: int, st
                     sampling=SamplingParams.of_rollout(c.rollout), stop_tokens=(), seed=0,
                     mesh=mesh, rules=ShardingRules.replicated())
     prompt = np.arange(3, 3 + prompt_len, dtype=np.int32) % model.vocab_size
-    state = engine.init_decode_state()
-    prefix, _ = engine.prefill(params, prompt, trajectory_id=list(range(slots)), version=0,
-                               max_new_tokens=max_len - prompt_len - 1)
-    state = engine.insert(prefix, state, list(range(slots)))
+    records, state = Slots(engine), engine.init_decode_state()
+    group = [Trajectory(i, prompt, max_len - prompt_len - 1) for i in range(slots)]
+    state = records.start(params, state, group, list(range(slots)), version=0)
     warm = 2  # compiles generate and the host sync
     for _ in range(warm):
-        state, _ = engine.generate(params, state, version=0)
-        engine.pop_finished()
+        state = records.step(params, state, version=0)
+        records.pop_finished()
     start = time.perf_counter()
     for _ in range(steps):
-        state, _ = engine.generate(params, state, version=0)
-        engine.pop_finished()  # the host sync a rollout instance makes every step
+        state = records.step(params, state, version=0)
+        records.pop_finished()  # the host sync a rollout instance makes every step
     seconds = time.perf_counter() - start
-    assert len(engine.running()) == slots, "a slot finished during the timed steps"
+    assert len(records.running()) == slots, "a slot finished during the timed steps"
     # Before step i the cache holds the prompt, the first token and warm + i generated tokens.
     live_tokens = slots * (prompt_len + 1 + warm + (steps - 1) / 2)
     kv_per_token = 2 * model.num_layers * model.num_kv_heads * model.head_dim * \

@@ -40,6 +40,8 @@ import numpy as np
 from asyncrl.cli import exit_on_user_error
 from asyncrl.model import ModelConfig, apply, init_params
 from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.messages import Trajectory
+from asyncrl.rollout.slots import Slots
 from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
 
 
@@ -89,19 +91,18 @@ def workload(args):
 
 def run_slots(engine, params, requests):
     """Continuous refill. Returns (tokens, decode steps)."""
-    state = engine.init_decode_state()
+    slots, state = Slots(engine), engine.init_decode_state()
     queue, tokens, steps = list(enumerate(requests)), 0, 0
-    while queue or engine.running():
-        for slot in engine.free_slots():
+    while queue or slots.running():
+        for slot in slots.free_slots():
             if not queue:
                 break
             tid, (prompt, length) = queue.pop(0)
-            prefix, _ = engine.prefill(params, prompt, trajectory_id=tid, version=0,
-                                       max_new_tokens=length)
-            state = engine.insert(prefix, state, slot)
-        state, _ = engine.generate(params, state, version=0)
+            state = slots.start(params, state, [Trajectory(tid, prompt, length)], [slot],
+                                version=0)
+        state = slots.step(params, state, version=0)
         steps += 1
-        tokens += sum(len(t.tokens) for t in engine.pop_finished())
+        tokens += sum(len(t.tokens) for t in slots.pop_finished())
     return tokens, steps
 
 
@@ -109,15 +110,14 @@ def run_static(engine, params, requests):
     """Batches of num_slots that start together and wait for their longest member."""
     tokens, steps = 0, 0
     for first in range(0, len(requests), engine.num_slots):
-        state = engine.init_decode_state()
+        slots, state = Slots(engine), engine.init_decode_state()
         for slot, (prompt, length) in enumerate(requests[first:first + engine.num_slots]):
-            prefix, _ = engine.prefill(params, prompt, trajectory_id=first + slot, version=0,
-                                       max_new_tokens=length)
-            state = engine.insert(prefix, state, slot)
-        while engine.running():
-            state, _ = engine.generate(params, state, version=0)
+            state = slots.start(params, state, [Trajectory(first + slot, prompt, length)],
+                                [slot], version=0)
+        while slots.running():
+            state = slots.step(params, state, version=0)
             steps += 1
-        tokens += sum(len(t.tokens) for t in engine.pop_finished())
+        tokens += sum(len(t.tokens) for t in slots.pop_finished())
     return tokens, steps
 
 
@@ -134,42 +134,34 @@ def run_groups(engine, params, groups):
     """Continuous refill by groups, admitted when slots (and pages) allow; a preempted
     sequence goes to the back of the queue and resumes. Returns (tokens, dispatches, mean
     sequences resident per dispatch while work was still queued (the steady state, not the
-    drain at the end), preemptions)."""
-    state = engine.init_decode_state()
-    queue = [("group", prompt, lengths) for prompt, lengths in groups]
+    drain at the end), preemptions, the share of prompt pages group sharing saved)."""
+    slots, state = Slots(engine), engine.init_decode_state()
+    queue, next_id = [], 0
+    for prompt, lengths in groups:
+        # One prefill per group; each member's own budget is its response length.
+        queue.append([Trajectory(next_id + g, prompt, n) for g, n in enumerate(lengths)])
+        next_id += len(lengths)
     tokens = dispatches = resident = steady = preempted = 0
-    next_id = 0
-    while queue or engine.running():
+    while queue or slots.running():
         while queue:
-            kind, payload, lengths = queue[0]
-            free = engine.free_slots()
-            if kind == "group":
-                size, length, budget = len(lengths), len(payload), max(lengths)
-            else:
-                size, length = 1, len(payload.prompt) + len(payload.tokens)
-                budget = payload.max_new_tokens - len(payload.tokens)
-            if len(free) < size or not engine.admits(length, size, budget):
+            work, free = queue[0], slots.free_slots()
+            length = len(work[0].prompt) + len(work[0].tokens)
+            budget = max(t.max_new_tokens for t in work) - len(work[0].tokens)
+            if len(free) < len(work) or not slots.admits(length, len(work), budget):
                 break
-            queue.pop(0)
-            if kind == "group":
-                # One prefill per group; each member's own budget is its response length.
-                prefix, _ = engine.prefill(params, payload,
-                                           trajectory_id=list(range(next_id, next_id + size)),
-                                           version=0, max_new_tokens=lengths)
-                next_id += size
-            else:
-                prefix, _ = engine.resume(params, payload, version=0)
-            state = engine.insert(prefix, state, free[:size])
-        for record in engine.preempt():
+            state = slots.start(params, state, queue.pop(0), free[:len(work)], version=0)
+        for record in slots.preempt():
             preempted += 1
-            queue.append(("resume", record, None))
+            queue.append([record])
         if queue:
-            resident += len(engine.running())
+            resident += len(slots.running())
             steady += 1
-        state, _ = engine.generate(params, state, version=0)
+        state = slots.step(params, state, version=0)
         dispatches += 1
-        tokens += sum(len(t.tokens) for t in engine.pop_finished())
-    return tokens, dispatches, resident / max(steady, 1), preempted
+        tokens += sum(len(t.tokens) for t in slots.pop_finished())
+    table = slots.pages
+    saving = table.prompt_pages_shared / table.prompt_pages_total if table else None
+    return tokens, dispatches, resident / max(steady, 1), preempted, saving
 
 
 def make_naive(graphdef, sampling, seed):
@@ -292,27 +284,26 @@ def paged_figures(args, graphdef, config, params, sampling, max_len):
     for _ in range(args.repeats):
         for name, engine in engines.items():
             start = time.perf_counter()
-            tokens, dispatches, resident, preempted = run_groups(engine, params, groups)
+            tokens, dispatches, resident, preempted, saving = run_groups(engine, params, groups)
             seconds = time.perf_counter() - start
             if name not in best or seconds < best[name][1]:
-                best[name] = (tokens, seconds, dispatches, resident, preempted)
+                best[name] = (tokens, seconds, dispatches, resident, preempted, saving)
     expected = sum(sum(lengths) for _, lengths in groups)
     print(f"\n{len(groups)} groups of {args.group_size}, KV memory of {args.num_slots} rows of "
           f"{max_len} = {pages} pages of {args.page_size}")
     print(f"{'engine':<14}{'slots':>6}{'tokens':>8}{'seconds':>9}{'tok/s':>9}{'dispatches':>11}"
           f"{'resident':>10}{'preempted':>10}")
-    for name, (tokens, seconds, dispatches, resident, preempted) in best.items():
+    for name, (tokens, seconds, dispatches, resident, preempted, _) in best.items():
         assert tokens == expected, (name, tokens, expected)
         print(f"{name:<14}{engines[name].num_slots:>6}{tokens:>8}{seconds:>9.2f}"
               f"{tokens / seconds:>9.1f}{dispatches:>11}{resident:>10.1f}{preempted:>10}")
     rate = {name: tokens / seconds for name, (tokens, seconds, *_) in best.items()}
-    table = engines["paged"].pages
     return {
         "contiguous_tok_s": round(rate["contiguous"], 1), "paged_tok_s": round(rate["paged"], 1),
         "paged_vs_contiguous_concurrency": round(best["paged"][3] / best["contiguous"][3], 2),
         "paged_vs_contiguous_tok_s": round(rate["paged"] / rate["contiguous"], 2),
         "multistep_vs_single": round(rate[f"paged_k{args.decode_steps}"] / rate["paged"], 2),
-        "group_prefill_saving": round(table.prompt_pages_shared / table.prompt_pages_total, 3),
+        "group_prefill_saving": round(best["paged"][5], 3),
         "preemptions": best["paged"][4],
     }
 

@@ -47,6 +47,8 @@ from asyncrl.model import (
     load_hf,
 )
 from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.messages import Trajectory
+from asyncrl.rollout.slots import Slots
 
 # Presets are ModelConfig's classmethods; reading them off the class keeps this list in sync.
 PRESETS = tuple(sorted(name for name, attr in vars(ModelConfig).items()
@@ -111,9 +113,9 @@ class DecodePoint:
     def _refill(self) -> None:
         """Fresh state with every slot running one prompt (a group of `running`); untimed."""
         slots = list(range(self.running))
-        self.state = self.engine.init_decode_state()
-        prefix, _ = self.engine.prefill(self.params, self.prompt, trajectory_id=slots, version=0)
-        self.state = self.engine.insert(prefix, self.state, slots)
+        self.slots, self.state = Slots(self.engine), self.engine.init_decode_state()
+        group = [Trajectory(i, self.prompt, self.engine.max_new_tokens) for i in slots]
+        self.state = self.slots.start(self.params, self.state, group, slots, version=0)
         jax.block_until_ready(self.state)
         self.left = self.capacity
 
@@ -124,13 +126,13 @@ class DecodePoint:
             if self.left == 0:
                 self._refill()
             start = time.perf_counter()
-            self.state, result = self.engine.generate(self.params, self.state, version=0)
-            self.engine.pop_finished()  # the step's host half: one device_get of its tokens
-            jax.block_until_ready((self.state, result))
+            self.state = self.slots.step(self.params, self.state, version=0)
+            self.slots.pop_finished()  # the step's host half: one device_get of its tokens
+            jax.block_until_ready(self.state)
             times.append(time.perf_counter() - start)
             self.left -= 1
-        if len(self.engine.running()) != self.running:
-            raise RuntimeError(f"{len(self.engine.running())} of {self.running} slots running")
+        if len(self.slots.running()) != self.running:
+            raise RuntimeError(f"{len(self.slots.running())} of {self.running} slots running")
         return times
 
 
@@ -155,8 +157,8 @@ def time_prefill(graphdef, config, params, lengths, max_len: int, seed: int,
     for rep in range(1 + reps):  # round 0 compiles each bucket and is not counted
         for prompt, record in zip(prompts, times):
             start = time.perf_counter()
-            prefix, tokens = engine.prefill(params, prompt, trajectory_id=rep, version=0)
-            jax.block_until_ready((prefix.cache, tokens))
+            prefix = engine.prefill(params, prompt, trajectory_ids=[rep])
+            jax.block_until_ready((prefix.cache, prefix.tokens))
             if rep:
                 record.append(time.perf_counter() - start)
     return [(length, float(np.median(t))) for length, t in zip(lengths, times)]

@@ -119,17 +119,19 @@ class InstanceActor:
         mesh = Mesh(np.asarray(devices), ("tp",))
         rules = ShardingRules.replicated()
         graphdef, self.abstract = abstract_params(spec.model_config)
+        kv = spec.kv or KVOptions()
         self.shardings = shardings_for(self.abstract, mesh, rules)
         engine = Engine(graphdef, spec.model_config, num_slots=spec.num_slots,
                         max_len=spec.max_len, prompt_buckets=(spec.prompt_bucket,),
                         sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules,
-                        **(spec.kv or KVOptions()).as_kwargs())
+                        **kv.engine_kwargs())
         receiver_kwargs = {"jax_transfer": {"host": spec.transfer_host},
                            "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
         self.receiver = make_receiver(spec.transport, **receiver_kwargs)
         self.outbox = Outbox()
         self.instance = RolloutInstance(instance_id, engine, self._pull, self.outbox, self.outbox,
-                                        partial_rollout=spec.partial_rollout)
+                                        partial_rollout=spec.partial_rollout,
+                                        preemption=kv.preemption)
         self._lock = threading.Condition()
         self._applied = 0  # commands are numbered from 1
         self._waiting: dict[int, tuple[str, Any]] = {}  # arrived ahead of their turn

@@ -107,7 +107,7 @@ class RayRollouts(LocalRollouts):
             seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
             devices=c.mesh.devices_per_instance, transport=name, transfer_host=d.transfer_host,
             pull_timeout_s=d.pull_timeout_s,
-            kv=KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout))
+            kv=KVOptions.of_rollout(c.rollout))
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
         actor_class = ray.remote(InstanceActor).options(

@@ -41,11 +41,12 @@ class LocalRollouts:
         graphdef, rules = graphdef_for(policy.config), ShardingRules.replicated()
         sampling = SamplingParams.of_rollout(c.rollout)
         self.max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
+        kv = KVOptions.of_rollout(c.rollout)
         for i, mesh in enumerate(meshes):
             engine = Engine(graphdef, policy.config, num_slots=c.rollout.num_slots,
                             max_len=self.max_len, prompt_buckets=(c.rollout.prompt_bucket,),
                             sampling=sampling, seed=c.seed, mesh=mesh, rules=rules,
-                            **KVOptions.of_rollout(c.rollout, c.coordinator.partial_rollout).as_kwargs())
+                            **kv.engine_kwargs())
             shardings = shardings_for(policy.params, mesh, rules)
 
             def pull(newer_than, instance=i, shardings=shardings):
@@ -53,7 +54,7 @@ class LocalRollouts:
 
             self.driver.instances.append(RolloutInstance(
                 i, engine, pull, self.server, self.driver.reporter,
-                partial_rollout=c.coordinator.partial_rollout))
+                partial_rollout=c.coordinator.partial_rollout, preemption=kv.preemption))
 
     @property
     def instances(self) -> list[RolloutInstance]:

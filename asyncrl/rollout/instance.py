@@ -18,6 +18,9 @@ to it:
   reporter          what it tells the coordinator: `finished`, `extracted`, `failed`, `synced`
                     (cheap and thread-safe: a queue put).
 The driver calls `submit` and the `request_*` methods from its own thread.
+
+The instance composes the engine (device state: prefill, insert, generate, weights an argument
+of each) with the host records of its slots (asyncrl/rollout/slots.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import InstanceFailed, Snapshot, Trajectory, Work
+from asyncrl.rollout.slots import Slots
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +55,14 @@ class Reporter(Protocol):
 class RolloutInstance:
     def __init__(self, instance_id: int, engine: Engine,
                  pull: Callable[[int], tuple[int, Any] | None], sink: TrajectorySink,
-                 reporter: Reporter, partial_rollout: bool = True):
+                 reporter: Reporter, partial_rollout: bool = True, preemption: str = "newest"):
         self.id = instance_id
         self.partial_rollout = partial_rollout
         self.engine = engine
+        # Without partial rollout a sequence must finish where it started, on one version, so
+        # a paged one is given its whole budget's pages at admission and is never preempted.
+        self.slots = Slots(engine, reserve="on_demand" if partial_rollout else "budget",
+                           preemption=preemption)
         self._pull_weights = pull
         self._sink = sink
         self._reporter = reporter
@@ -135,13 +143,13 @@ class RolloutInstance:
             state = self.engine.init_decode_state()
             while not self._stop.is_set():
                 self._apply_commands()
-                if self._syncing and (self.partial_rollout or not self.engine.running()):
+                if self._syncing and (self.partial_rollout or not self.slots.running()):
                     self._sync()
                 state = self._fill_slots(state)
-                if len(self.engine.free_slots()) < self.engine.num_slots:
+                if len(self.slots.free_slots()) < self.engine.num_slots:
                     start = time.perf_counter()
                     self._preempt()
-                    state, _ = self.engine.generate(self._params, state, version=self._version)
+                    state = self.slots.step(self._params, state, version=self._version)
                     self._report_finished()
                     self._decode_s += time.perf_counter() - start
                     self._decode_steps += 1
@@ -168,9 +176,9 @@ class RolloutInstance:
                 name, ids = self._commands.popleft()
             if name == "drop":
                 self._take_queued(ids)
-                for slot, record in enumerate(self.engine.slot_records()):
+                for slot, record in enumerate(self.slots.records()):
                     if record is not None and record.trajectory_id in ids:
-                        self.engine.free(slot)
+                        self.slots.free(slot)
             else:
                 self._extract(ids)
 
@@ -189,11 +197,11 @@ class RolloutInstance:
 
     def _extract(self, ids: frozenset[int]) -> None:
         handed = self._take_queued(ids)
-        for slot, record in self.engine.running().items():
+        for slot, record in self.slots.running().items():
             # Without partial rollout one that has started finishes here: the coordinator asked
             # while it was still queued, and resumed on other weights it would mix versions.
             if record.trajectory_id in ids and self.partial_rollout:
-                self.engine.extract(slot)
+                self.slots.extract(slot)
                 if self._report(record, None):
                     handed.append(record.trajectory_id)
         if handed:
@@ -202,7 +210,7 @@ class RolloutInstance:
     def _preempt(self) -> None:
         """A paged engine short of pages for the next dispatch hands sequences back, partial:
         the coordinator resumes them, here once pages free up, or elsewhere."""
-        handed = [record.trajectory_id for record in self.engine.preempt()
+        handed = [record.trajectory_id for record in self.slots.preempt()
                   if self._report(record, None)]
         if handed:
             self._preemptions += len(handed)
@@ -224,13 +232,13 @@ class RolloutInstance:
 
     def _fill_slots(self, state):
         while not self._syncing:  # a pending sync starts nothing new on the old weights
-            free = self.engine.free_slots()
+            free = self.slots.free_slots()
             with self._lock:
                 if not self._queue or len(self._queue[0].trajectories) > len(free):
                     return state
                 head = self._queue[0].trajectories
                 # Paged: wait for pages rather than start a group the pool cannot carry.
-                if not self.engine.admits(len(head[0].prompt) + len(head[0].tokens), len(head),
+                if not self.slots.admits(len(head[0].prompt) + len(head[0].tokens), len(head),
                                           head[0].max_new_tokens - len(head[0].tokens)):
                     return state
                 work = self._queue.popleft()
@@ -239,13 +247,8 @@ class RolloutInstance:
             if not live:
                 continue
             start = time.perf_counter()
-            if work.resume:
-                prefix, _ = self.engine.resume(self._params, live[0], version=self._version)
-            else:
-                prefix, _ = self.engine.prefill(
-                    self._params, live[0].prompt, trajectory_id=[t.trajectory_id for t in live],
-                    version=self._version, max_new_tokens=live[0].max_new_tokens)
-            state = self.engine.insert(prefix, state, free[:len(live)])
+            state = self.slots.start(self._params, state, live, free[:len(live)],
+                                     version=self._version)
             self._prefill_s += time.perf_counter() - start
             self._prefill_tokens += len(live[0].prompt) + len(live[0].tokens)
         return state
@@ -255,7 +258,7 @@ class RolloutInstance:
                                  record.policy_logprobs, record.versions, finish_reason)
 
     def _report_finished(self) -> None:
-        finished = [r.trajectory_id for r in self.engine.pop_finished()
+        finished = [r.trajectory_id for r in self.slots.pop_finished()
                     if self._report(r, r.finish_reason)]
         if finished:
             with self._lock:
@@ -263,8 +266,8 @@ class RolloutInstance:
             self._reporter.finished(self.id, tuple(finished))
 
     def _refresh_snapshot(self) -> None:
-        slots = [r for r in self.engine.slot_records() if r is not None]
-        pages_used, pages = self.engine.kv_pages()
+        slots = [r for r in self.slots.records() if r is not None]
+        pages_used, pages = self.slots.kv_pages()
         if self.engine.page_size is None:
             kv = sum(len(r.prompt) + len(r.tokens) for r in slots)
             # A fixed row of max_len per slot: routing checks a request fits beside the rest.

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 
-# Which running sequence a short pool hands back (Engine.preempt).
+# Which running sequence a short pool hands back (Slots.preempt).
 PREEMPTION = ("newest", "longest")
 # asyncrl.model.paged.BACKENDS, for config checks that load no model (a test keeps them equal).
 ATTENTION_BACKENDS = ("auto", "gather", "tpu_ragged")

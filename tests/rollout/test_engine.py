@@ -1,4 +1,5 @@
-"""Engine against full recomputation without a KV cache (`apply(..., cache=None)`).
+"""Engine (and the host records of its slots) against full recomputation without a KV cache
+(`apply(..., cache=None)`).
 
 Every check is teacher-forced: one cache-free forward over prompt + generated tokens gives the
 logits at every generated position, so "token i is the argmax at row i, for every i" is the
@@ -13,7 +14,9 @@ from jax.sharding import AxisType
 
 from asyncrl.model import ModelConfig, ShardingRules, apply, init_params, init_sharded
 from asyncrl.rollout.engine import Engine
+from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.slots import Slots
 
 MAX_LEN = 48
 BUCKETS = (8, 16)
@@ -98,14 +101,23 @@ def _check_greedy(traj, full_logits, params, rows=None):
     np.testing.assert_allclose(np.asarray(traj.logprobs)[which], expected, atol=1e-4)
 
 
-def _run(engine, params, state, *, version=0, steps=None):
+def _start(slots, params, state, prompt, ids, at, *, budget=None, version=0):
+    """Starts trajectories `ids` (one, or a group sharing `prompt`) in slots `at`."""
+    ids = [ids] if isinstance(ids, int) else ids
+    at = [at] if isinstance(at, int) else at
+    budget = slots.engine.max_new_tokens if budget is None else budget
+    group = [Trajectory(i, np.asarray(prompt, np.int32), budget) for i in ids]
+    return slots.start(params, state, group, at, version=version)
+
+
+def _run(slots, params, state, *, version=0, steps=None):
     """Steps until every slot is idle (or `steps` times); returns state and finished records."""
     finished = []
     for _ in range(steps or 10 * MAX_LEN):
-        if steps is None and not engine.running():
+        if steps is None and not slots.running():
             break
-        state, _ = engine.generate(params, state, version=version)
-        finished += engine.pop_finished()
+        state = slots.step(params, state, version=version)
+        finished += slots.pop_finished()
     return state, finished
 
 
@@ -116,20 +128,18 @@ def test_greedy_with_staggered_inserts_matches_full_recomputation(model, greedy,
     requests = [(_prompt(rng, n), budget) for n, budget in
                 [(3, 6), (8, 16), (11, 9), (16, 16), (5, 7), (9, 12)]]
     requests.append((np.asarray(greedy.stop_probe, np.int32), 16))
-    state = greedy.init_decode_state()
+    slots, state = Slots(greedy), greedy.init_decode_state()
     queue, finished, tid = list(requests), [], 0
-    while queue or greedy.running():
+    while queue or slots.running():
         # Refill at most one slot per step, so inserts land at different times and reuse
         # slots whose caches still hold an earlier trajectory's keys and values.
-        free = greedy.free_slots()
+        free = slots.free_slots()
         if queue and free:
             prompt, budget = queue.pop(0)
-            prefix, _ = greedy.prefill(params, prompt, trajectory_id=tid, version=0,
-                                       max_new_tokens=budget)
-            state = greedy.insert(prefix, state, free[-1])
+            state = _start(slots, params, state, prompt, tid, free[-1], budget=budget)
             tid += 1
-        state, _ = greedy.generate(params, state, version=0)
-        finished += greedy.pop_finished()
+        state = slots.step(params, state, version=0)
+        finished += slots.pop_finished()
     assert sorted(t.trajectory_id for t in finished) == list(range(len(requests)))
     for traj in finished:
         prompt, budget = requests[traj.trajectory_id]
@@ -155,11 +165,10 @@ def test_params_swap_mid_sequence_uses_new_params_and_version(model, greedy, ful
     swapped = jax.tree_util.tree_map_with_path(
         lambda path, a, b: b if "lm_head" in jax.tree_util.keystr(path) else a, params, other)
     prompt = _prompt(np.random.default_rng(1), 6)
-    state = greedy.init_decode_state()
-    prefix, _ = greedy.prefill(params, prompt, trajectory_id=0, version=3, max_new_tokens=14)
-    state = greedy.insert(prefix, state, 2)
-    state, _ = _run(greedy, params, state, version=3, steps=5)
-    state, (traj,) = _run(greedy, swapped, state, version=4)
+    slots, state = Slots(greedy), greedy.init_decode_state()
+    state = _start(slots, params, state, prompt, 0, 2, budget=14, version=3)
+    state, _ = _run(slots, params, state, version=3, steps=5)
+    state, (traj,) = _run(slots, swapped, state, version=4)
     assert traj.versions == [3] * 6 + [4] * 8
     rows = _rows(traj)
     _check_greedy(traj, full_logits, params, rows[:6])
@@ -173,19 +182,17 @@ def test_params_swap_mid_sequence_uses_new_params_and_version(model, greedy, ful
 def test_extract_and_resume_elsewhere_continues_the_trajectory(model, greedy, full_logits):
     _, params = model
     prompt = _prompt(np.random.default_rng(2), 10)
-    state = greedy.init_decode_state()
-    prefix, _ = greedy.prefill(params, prompt, trajectory_id=7, version=0, max_new_tokens=16)
-    state = greedy.insert(prefix, state, 0)
-    state, _ = _run(greedy, params, state, steps=7)
-    partial = greedy.extract(0)
+    slots, state = Slots(greedy), greedy.init_decode_state()
+    state = _start(slots, params, state, prompt, 7, 0, budget=16)
+    state, _ = _run(slots, params, state, steps=7)
+    partial = slots.extract(0)
     assert partial.finish_reason is None and len(partial.tokens) == 8
     # Keep stepping: the vacated slot must not credit the extracted record any more.
-    state, _ = _run(greedy, params, state, steps=2)
+    state, _ = _run(slots, params, state, steps=2)
     assert len(partial.tokens) == 8
     # Prompt + tokens so far = 18 > the largest bucket: the resume prefills in two chunks.
-    prefix, _ = greedy.resume(params, partial, version=1)
-    state = greedy.insert(prefix, state, 3)
-    state, (traj,) = _run(greedy, params, state, version=1)
+    state = slots.start(params, state, [partial], [3], version=1)
+    state, (traj,) = _run(slots, params, state, version=1)
     assert traj.trajectory_id == 7 and traj.finish_reason == "length"
     assert traj.tokens[:8] == partial.tokens and len(traj.tokens) == 16
     assert traj.versions == [0] * 8 + [1] * 8
@@ -198,27 +205,23 @@ def test_same_trajectory_id_draws_same_tokens_in_any_slot_or_engine(model, sampl
     prompt, others = _prompt(rng, 7), [_prompt(rng, n) for n in (4, 12, 9)]
 
     def alone():
-        state = sampler.init_decode_state()
-        prefix, _ = sampler.prefill(params, prompt, trajectory_id=42, version=0)
-        state = sampler.insert(prefix, state, 0)
-        return _run(sampler, params, state)[1][0]
+        slots, state = Slots(sampler), sampler.init_decode_state()
+        state = _start(slots, params, state, prompt, 42, 0)
+        return _run(slots, params, state)[1][0]
 
     def crowded():
-        state = sampler.init_decode_state()
+        slots, state = Slots(sampler), sampler.init_decode_state()
         for slot, other in enumerate(others):
-            prefix, _ = sampler.prefill(params, other, trajectory_id=100 + slot, version=0)
-            state = sampler.insert(prefix, state, slot)
-        state, _ = _run(sampler, params, state, steps=3)
-        prefix, _ = sampler.prefill(params, prompt, trajectory_id=42, version=0)
-        state = sampler.insert(prefix, state, 3)
-        return next(t for t in _run(sampler, params, state)[1] if t.trajectory_id == 42)
+            state = _start(slots, params, state, other, 100 + slot, slot)
+        state, _ = _run(slots, params, state, steps=3)
+        state = _start(slots, params, state, prompt, 42, 3)
+        return next(t for t in _run(slots, params, state)[1] if t.trajectory_id == 42)
 
     small = Engine(graphdef, CONFIG, num_slots=2, max_len=MAX_LEN, prompt_buckets=BUCKETS,
                    sampling=sampler.sampling, stop_tokens=(), max_new_tokens=12, seed=sampler.seed)
-    state = small.init_decode_state()
-    prefix, _ = small.prefill(params, prompt, trajectory_id=42, version=0)
-    state = small.insert(prefix, state, 1)
-    elsewhere = _run(small, params, state)[1][0]
+    slots, state = Slots(small), small.init_decode_state()
+    state = _start(slots, params, state, prompt, 42, 1)
+    elsewhere = _run(slots, params, state)[1][0]
 
     reference = alone()
     assert crowded().tokens == reference.tokens == elsewhere.tokens
@@ -228,25 +231,20 @@ def test_same_trajectory_id_draws_same_tokens_in_any_slot_or_engine(model, sampl
     np.testing.assert_allclose(reference.logprobs, expected, atol=1e-4)
     np.testing.assert_allclose(reference.policy_logprobs, expected, atol=1e-4)
     # And the id is what matters: another id on the same prompt draws differently.
-    state = sampler.init_decode_state()
-    prefix, _ = sampler.prefill(params, prompt, trajectory_id=43, version=0)
-    state = sampler.insert(prefix, state, 0)
-    assert _run(sampler, params, state)[1][0].tokens != reference.tokens
+    slots, state = Slots(sampler), sampler.init_decode_state()
+    state = _start(slots, params, state, prompt, 43, 0)
+    assert _run(slots, params, state)[1][0].tokens != reference.tokens
 
 
 def test_decoding_never_consumes_the_params(model, sampler):
     # Colocated instances decode with a reference to the parameter server's copy
     # (asyncrl/servers/parameters.py): an engine that donated params would delete it.
     params = jax.tree.map(lambda x: x.copy(), model[1])
-    state = sampler.init_decode_state()
-    prefix, _ = sampler.prefill(params, _prompt(np.random.default_rng(5), 9), trajectory_id=7,
-                                version=0)
-    state = sampler.insert(prefix, state, 0)
-    state, _ = _run(sampler, params, state, steps=2)
-    partial = sampler.extract(0)
-    prefix, _ = sampler.resume(params, partial, version=1)
-    state = sampler.insert(prefix, state, 1)
-    _run(sampler, params, state, steps=2)
+    slots, state = Slots(sampler), sampler.init_decode_state()
+    state = _start(slots, params, state, _prompt(np.random.default_rng(5), 9), 7, 0)
+    state, _ = _run(slots, params, state, steps=2)
+    state = slots.start(params, state, [slots.extract(0)], [1], version=1)
+    _run(slots, params, state, steps=2)
     assert not any(x.is_deleted() for x in jax.tree.leaves(params))
 
 
@@ -256,12 +254,12 @@ def test_group_prefill_with_top_k_reports_truncated_logprobs(model, full_logits)
     engine = Engine(graphdef, CONFIG, num_slots=4, max_len=MAX_LEN, prompt_buckets=BUCKETS,
                     sampling=sampling, stop_tokens=(), max_new_tokens=10, seed=1)
     prompt = _prompt(np.random.default_rng(4), 12)
-    state = engine.init_decode_state()
     # One prefill fanned out into a GRPO group of 3; slot 1 stays empty.
-    prefix, first = engine.prefill(params, prompt, trajectory_id=[10, 11, 12], version=0)
-    assert first.shape == (3,)
-    state = engine.insert(prefix, state, [3, 0, 2])
-    state, group = _run(engine, params, state)
+    prefix = engine.prefill(params, prompt, trajectory_ids=[10, 11, 12])
+    assert prefix.group == 3 and prefix.tokens.shape == (3,)
+    slots, state = Slots(engine), engine.init_decode_state()
+    state = _start(slots, params, state, prompt, [10, 11, 12], [3, 0, 2])
+    state, group = _run(slots, params, state)
     assert sorted(t.trajectory_id for t in group) == [10, 11, 12]
     assert len({tuple(t.tokens) for t in group}) == 3, "members must draw independently"
     for traj in group:
@@ -285,12 +283,10 @@ def test_sharded_engine_matches_full_recomputation(full_logits):
     engine = Engine(graphdef, CONFIG, num_slots=2, max_len=MAX_LEN, prompt_buckets=(16,),
                     sampling=SamplingParams(temperature=0.0), stop_tokens=(), max_new_tokens=6,
                     mesh=mesh, rules=rules)
-    state = engine.init_decode_state()
+    slots, state = Slots(engine), engine.init_decode_state()
     assert state.cache.k.sharding.spec[3] == "tp"  # kv heads split, as the rules say
-    prompt = _prompt(np.random.default_rng(5), 9)
-    prefix, _ = engine.prefill(params, prompt, trajectory_id=0, version=0)
-    state = engine.insert(prefix, state, 1)
-    state, (traj,) = _run(engine, params, state)
+    state = _start(slots, params, state, _prompt(np.random.default_rng(5), 9), 0, 1)
+    state, (traj,) = _run(slots, params, state)
     assert state.cache.k.sharding.spec[3] == "tp"  # and stay so through donation
     _check_greedy(traj, full_logits, jax.device_get(params))
 
@@ -298,22 +294,26 @@ def test_sharded_engine_matches_full_recomputation(full_logits):
 def test_errors_name_what_was_received(model, greedy):
     _, params = model
     with pytest.raises(ValueError, match=r"17 tokens.*largest prompt bucket \(16\)"):
-        greedy.prefill(params, np.ones(17, np.int32), trajectory_id=0, version=0)
-    state = greedy.init_decode_state()
-    prefix, _ = greedy.prefill(params, [5, 6], trajectory_id=0, version=0, max_new_tokens=1)
-    state = greedy.insert(prefix, state, 1)
-    with pytest.raises(ValueError, match="already inserted"):
-        greedy.insert(prefix, state, 2)
-    other, _ = greedy.prefill(params, [5, 6], trajectory_id=1, version=0)
+        greedy.prefill(params, np.ones(17, np.int32), trajectory_ids=[0])
+    with pytest.raises(ValueError, match=r"distinct ints in \[0, 2\*\*32\)"):
+        greedy.prefill(params, [5, 6], trajectory_ids=[3, 3])
+    with pytest.raises(ValueError, match="prefix has 1 trajectories, got 2 slots"):
+        greedy.insert(greedy.prefill(params, [5, 6], trajectory_ids=[0]),
+                      greedy.init_decode_state(), [0, 1])
+    slots, state = Slots(greedy), greedy.init_decode_state()
+    state = _start(slots, params, state, [5, 6], 0, 1, budget=1)
     with pytest.raises(ValueError, match="slot 1 holds trajectory 0"):
-        greedy.insert(other, state, 1)
-    with pytest.raises(ValueError, match="2 slots"):
-        greedy.insert(other, state, [2, 3])
-    (done,) = greedy.pop_finished()  # max_new_tokens=1: finished by its first token
+        _start(slots, params, state, [5, 6], 1, 1)
+    with pytest.raises(ValueError, match="1 trajectories for 2 slots"):
+        _start(slots, params, state, [5, 6], 1, [2, 3])
+    with pytest.raises(ValueError, match="share one prompt"):
+        slots.start(params, state, [Trajectory(1, np.asarray([5, 6]), 4),
+                                    Trajectory(2, np.asarray([5, 7]), 4)], [2, 3], version=0)
+    (done,) = slots.pop_finished()  # max_new_tokens=1: finished by its first token
     assert done.finish_reason == "length" and len(done.tokens) == 1
     with pytest.raises(ValueError, match="already finished"):
-        greedy.resume(params, done, version=0)
+        slots.start(params, state, [done], [0], version=0)
     with pytest.raises(ValueError, match="slot 1 is empty"):
-        greedy.extract(1)
-    with pytest.raises(ValueError, match=r"distinct ints in \[0, 2\*\*32\)"):
-        greedy.prefill(params, [5, 6], trajectory_id=[3, 3], version=0)
+        slots.extract(1)
+    with pytest.raises(ValueError, match="preemption must be one of"):
+        Slots(greedy, preemption="oldest")

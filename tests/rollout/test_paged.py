@@ -18,6 +18,7 @@ from asyncrl.rollout.messages import Trajectory, Work
 from asyncrl.model.paged import BACKENDS
 from asyncrl.rollout.pages import ATTENTION_BACKENDS, OutOfPages, PageTable
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.rollout.slots import Slots
 from asyncrl.train.trainer import _token_logprobs
 
 CONFIG = ModelConfig.tiny()
@@ -54,37 +55,32 @@ def engines(model):
 
 def _serve(engine, params, requests=REQUESTS):
     """All requests through `engine` with refill; preempted sequences go to the back of the
-    queue and resume. Returns ({trajectory id: record}, preemptions)."""
+    queue and resume. Returns ({trajectory id: record}, preemptions, the slots' records)."""
     rng = np.random.default_rng(0)
-    queue_ = [("new", rng.integers(3, CONFIG.vocab_size, size=n).astype(np.int32), g, budget)
-              for n, g, budget in requests]
-    state, done, next_id, preempted = engine.init_decode_state(), {}, 0, 0
+    queue_, next_id = [], 0
+    for n, g, budget in requests:
+        prompt = rng.integers(3, CONFIG.vocab_size, size=n).astype(np.int32)
+        queue_.append([Trajectory(i, prompt, budget) for i in range(next_id, next_id + g)])
+        next_id += g
+    slots, state, done, preempted = Slots(engine), engine.init_decode_state(), {}, 0
     for _ in range(2000):
-        if not queue_ and not engine.running():
+        if not queue_ and not slots.running():
             break
         while queue_:
-            kind, payload, group, budget = queue_[0]
-            free = engine.free_slots()
-            length = len(payload) if kind == "new" else len(payload.prompt) + len(payload.tokens)
-            if len(free) < group or not engine.admits(length, group, budget):
+            work, free = queue_[0], slots.free_slots()
+            length = len(work[0].prompt) + len(work[0].tokens)
+            budget = work[0].max_new_tokens - len(work[0].tokens)
+            if len(free) < len(work) or not slots.admits(length, len(work), budget):
                 break
-            queue_.pop(0)
-            if kind == "new":
-                ids = list(range(next_id, next_id + group))
-                next_id += group
-                prefix, _ = engine.prefill(params, payload, trajectory_id=ids, version=0,
-                                           max_new_tokens=budget)
-            else:
-                prefix, _ = engine.resume(params, payload, version=0)
-            state = engine.insert(prefix, state, free[:group])
-        for record in engine.preempt():
+            state = slots.start(params, state, queue_.pop(0), free[:len(work)], version=0)
+        for record in slots.preempt():
             preempted += 1
-            queue_.append(("resume", record, 1, record.max_new_tokens - len(record.tokens)))
-        state, _ = engine.generate(params, state, version=0)
-        for record in engine.pop_finished():
+            queue_.append([record])
+        state = slots.step(params, state, version=0)
+        for record in slots.pop_finished():
             done[record.trajectory_id] = record
-    assert not queue_ and not engine.running(), "the workload did not finish"
-    return done, preempted
+    assert not queue_ and not slots.running(), "the workload did not finish"
+    return done, preempted, slots
 
 
 @pytest.fixture(scope="module")
@@ -93,10 +89,10 @@ def served(model, engines):
 
 
 def test_paged_tokens_match_the_contiguous_engine_under_the_same_keys(served):
-    reference, _ = served["contiguous"]
+    reference, _, _ = served["contiguous"]
     assert len(reference) == sum(g for _, g, _ in REQUESTS)
     for name in ("paged", "paged_k4", "paged_short"):
-        records, _ = served[name]
+        records, _, _ = served[name]
         assert sorted(records) == sorted(reference), name
         for tid, record in records.items():
             assert record.tokens == reference[tid].tokens, (name, tid)
@@ -106,66 +102,67 @@ def test_paged_tokens_match_the_contiguous_engine_under_the_same_keys(served):
 
 
 def test_greedy_paged_with_preemption_matches_contiguous(served):
-    reference, _ = served["greedy_contiguous"]
-    records, preempted = served["greedy_paged"]
+    reference, _, _ = served["greedy_contiguous"]
+    records, preempted, _ = served["greedy_paged"]
     assert preempted > 0, "the short pool should have forced a preemption"
     assert {t: r.tokens for t, r in records.items()} == {t: r.tokens for t, r in reference.items()}
 
 
-def test_a_short_pool_preempts_and_loses_nothing(served, engines):
-    records, preempted = served["paged_short"]
+def test_a_short_pool_preempts_and_loses_nothing(served):
+    records, preempted, slots = served["paged_short"]
     assert preempted > 0
     for (n, g, budget), first in zip(REQUESTS, np.cumsum([0] + [g for _, g, _ in REQUESTS])):
         for tid in range(first, first + g):
             assert len(records[tid].tokens) == budget and records[tid].finish_reason == "length"
-    table = engines["paged_short"].pages
+    table = slots.pages
     assert table.free == table.num_pages and not table.slots, "pages leaked"
     assert (table.refs == 0).all()
 
 
 def test_a_group_shares_its_prompt_pages(model, engines):
-    engine = engines["paged"]
-    graphdef, params = model
-    state = engine.init_decode_state()
-    before = engine.pages.free
+    engine, params = engines["paged"], model[1]
+    slots, state = Slots(engine), engine.init_decode_state()
+    pages = slots.pages
+    before = pages.free
     prompt = np.arange(3, 3 + 13, dtype=np.int32)  # one full page of 8 and 5 positions more
-    prefix, _ = engine.prefill(params, prompt, trajectory_id=[70, 71, 72], version=0,
-                               max_new_tokens=4)
-    state = engine.insert(prefix, state, [0, 2, 4])
+    group = [Trajectory(i, prompt, 4) for i in (70, 71, 72)]
+    state = slots.start(params, state, group, [0, 2, 4], version=0)
     # One shared full page and a private copy of the partly filled one each: 4, not 6.
-    assert before - engine.pages.free == 1 + 3
-    shared = engine.pages.slots[0].pages[0]
-    assert engine.pages.refs[shared] == 3
-    assert [engine.pages.slots[s].pages[0] for s in (2, 4)] == [shared, shared]
-    state, _ = engine.generate(params, state, version=0)
-    while engine.running():
-        state, _ = engine.generate(params, state, version=0)
-    assert len(engine.pop_finished()) == 3
-    assert engine.pages.free == before and engine.pages.refs[shared] == 0
+    assert before - pages.free == 1 + 3
+    shared = pages.slots[0].pages[0]
+    assert pages.refs[shared] == 3
+    assert [pages.slots[s].pages[0] for s in (2, 4)] == [shared, shared]
+    state = slots.step(params, state, version=0)
+    while slots.running():
+        state = slots.step(params, state, version=0)
+    assert len(slots.pop_finished()) == 3
+    assert pages.free == before and pages.refs[shared] == 0
 
 
 def test_admission_waits_for_pages_and_generate_refuses_to_overrun(model, engines):
-    engine = engines["paged_short"]
-    params = model[1]
-    state = engine.init_decode_state()
+    engine, params = engines["paged_short"], model[1]
+    slots, state = Slots(engine), engine.init_decode_state()
     prompt = np.arange(3, 19, dtype=np.int32)  # 16 positions: 2 pages each
     started = 0
-    while engine.admits(16, 1, 32) and engine.free_slots():
-        prefix, _ = engine.prefill(params, prompt, trajectory_id=started, version=0,
-                                   max_new_tokens=32)
-        state = engine.insert(prefix, state, engine.free_slots()[0])
+    while slots.admits(16, 1, 32) and slots.free_slots():
+        state = slots.start(params, state, [Trajectory(started, prompt, 32)],
+                            slots.free_slots()[:1], version=0)
         started += 1
-    assert 0 < started < SLOTS and not engine.admits(16, 1, 32)
+    assert 0 < started < SLOTS and not slots.admits(16, 1, 32)
+    with pytest.raises(OutOfPages):
+        slots.start(params, state, [Trajectory(started, prompt, 32)], slots.free_slots()[:1],
+                    version=0)
     with pytest.raises(OutOfPages):
         for _ in range(40):  # the running sequences outgrow the pool: never a silent overrun
-            state, _ = engine.generate(params, state, version=0)
-            engine.pop_finished()
-    victims = engine.preempt()
+            state = slots.step(params, state, version=0)
+            slots.pop_finished()
+    victims = slots.preempt()
     assert victims and all(v.finish_reason is None and v.tokens for v in victims)
-    state, _ = engine.generate(params, state, version=0)
-    for slot in list(engine.running()):
-        engine.free(slot)
-    engine.pop_finished()
+    state = slots.step(params, state, version=0)
+    for slot in list(slots.running()):
+        slots.free(slot)
+    slots.pop_finished()
+    assert slots.pages.free == slots.pages.num_pages, "freed slots keep no pages"
 
 
 def test_the_config_names_every_attention_backend_the_model_has():
@@ -267,7 +264,7 @@ def test_bf16_paged_rollout_logprobs_match_the_trainers(model):
                     sampling=SamplingParams(temperature=1.0), stop_tokens=(), max_new_tokens=20,
                     seed=1, page_size=PAGE, decode_steps=4)
     assert engine.init_decode_state().cache.dtype == jnp.bfloat16
-    records, _ = _serve(engine, params, requests=[(11, 2, 20)])
+    records, _, _ = _serve(engine, params, requests=[(11, 2, 20)])
     for record in records.values():
         sequence = np.concatenate([record.prompt, record.tokens])[None].astype(np.int32)
         positions = np.arange(sequence.shape[1], dtype=np.int32)[None]
