@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from asyncrl.config_args import ConfigError, missing_field, parse_arg  # noqa: F401 - the config API
-from asyncrl.coordinator.admission import ADMISSIONS, build_admission
+from asyncrl.coordinator.admission import ADMISSIONS, LEADS, build_admission
 from asyncrl.coordinator.migration import MIGRATION_POLICIES
 from asyncrl.rollout.pages import ATTENTION_BACKENDS, PREEMPTION
 from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
@@ -149,6 +149,10 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
                   "mesh.colocate"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
+    if config.staleness.lead not in LEADS:
+        _fail("staleness.lead", config.staleness.lead,
+              "'auto' (start rollouts only as far ahead as keeps the trainer fed) or 'max' "
+              "(as far ahead as η allows)")
     for name, params in config.coordinator.admission_params.items():
         field = f"coordinator.admission_params.{name}"
         if name not in ADMISSIONS:

@@ -103,6 +103,16 @@ def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
     return rows
 
 
+def staleness_summary(rows: list[dict[str, Any]], eta: int) -> dict[str, float | int | None]:
+    """Staleness (consumed version − V_traj) of every entry trained, over the whole run and
+    over the steps after the first η (a row's `step` counts from 1, and batch v < η cannot be
+    η late, so those steps say nothing about the lead the run settled at). None: no entry."""
+    lags = [lag for r in rows for lag in r["staleness"]]
+    steady = [lag for r in rows if r["step"] > eta for lag in r["staleness"]]
+    return {"mean": float(np.mean(lags)) if lags else None, "max": max(lags, default=None),
+            "mean_after_eta_steps": float(np.mean(steady)) if steady else None}
+
+
 def steady_tokens_per_s(rows: list[dict[str, Any]]) -> float:
     """Rollout tokens trained in steps 2..N over the wall time from the end of step 1: the
     run's throughput with its compiles and first evaluation left out (NaN below 2 steps)."""

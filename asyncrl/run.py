@@ -32,7 +32,7 @@ from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
 from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe, resolve_format_check
-from asyncrl.metrics import MetricsWriter
+from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.hbm import check_devices_hold_the_state
@@ -224,6 +224,8 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
     # ---------------------------------------------------------------- finish
     results["protocol"] = rollouts.accounting()
+    # From the metrics file, not this process's steps: a resumed run reports all of its own.
+    results["staleness"] = staleness_summary(read_metrics(writer.path), c.staleness.eta)
     results_path.write_text(json.dumps(results, indent=2))
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)

@@ -75,6 +75,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
     c.staleness = ml_collections.ConfigDict()
     c.staleness.eta = arg.eta
+    # How far ahead of the trainer new rollouts start: "max" as far as η allows; "auto" only
+    # as far as keeps it fed (lag ~1 when strongly trainer-bound, η absorbs stragglers). "max"
+    # stays the default until "auto" stops costing throughput where batches have a long tail
+    # (docs/results.md, issue 29).
+    c.staleness.lead = "max"
 
     c.coordinator = ml_collections.ConfigDict()
     # 'staleflow' (the per-trajectory bound), or a baseline: 'barrier' (η = 0 synchronous,

@@ -29,6 +29,15 @@ def test_run_configs_validate(name, arg):
     validate(importlib.import_module(name).get_config(arg), device_count=8)
 
 
+def test_a_lead_that_does_not_exist_fails_naming_the_field():
+    from asyncrl.config import ConfigError
+    c = importlib.import_module("experiments.grpo").get_config("tiny")
+    assert c.staleness.lead == "max"
+    c.staleness.lead = "min"
+    with pytest.raises(ConfigError, match=r"config.staleness.lead = 'min' is not allowed: 'auto'"):
+        validate(c, device_count=8)
+
+
 @pytest.mark.parametrize("name, bounded", [
     ("experiments.staleflow", True), ("experiments.baselines.one_step_off", True),
     # slime's over-sampling recycles partial rollouts into later batches: measured, unbounded.

@@ -47,3 +47,11 @@ def test_a_resumed_run_sets_aside_the_rows_logged_after_its_checkpoint(tmp_path)
         [(s, s / 10) for s in range(1, 7)] + [(7, 0.75)]
     superseded = (tmp_path / "superseded.metrics.jsonl").read_text().splitlines()
     assert superseded == ['{"step": 7, "reward": 0.7}', '{"step": 8, "rew']
+
+
+def test_staleness_summary_covers_every_entry_and_the_steps_after_eta():
+    from asyncrl.metrics import staleness_summary
+    rows = [{"step": 1, "staleness": [0, 0]}, {"step": 2, "staleness": [1, 1]},
+            {"step": 3, "staleness": [1, 2]}, {"step": 4, "staleness": [1, 1]}]
+    assert staleness_summary(rows, eta=2) == {"mean": 0.875, "max": 2, "mean_after_eta_steps": 1.25}
+    assert staleness_summary([], eta=2) == {"mean": None, "max": None, "mean_after_eta_steps": None}

@@ -22,7 +22,7 @@ def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core
     admission = build_admission(
         co.admission, eta=c.staleness.eta, batch_size=c.train.batch_size,
         redundant_batch_size=redundancy.redundant_batch_size(c.train.batch_size),
-        sync=build_sync_policy(co.sync), **params)
+        sync=build_sync_policy(co.sync), lead=c.staleness.lead, **params)
     latency = LatencyModel.load(co.latency_model) if router_needs_latency(co.routing) else None
     return Core(admission=admission, server=server, prompts=prompts,
                 num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,

@@ -37,7 +37,7 @@ def core_from_sim_config(c, profile: Profile, server: TrajectoryServer, prompts:
         params.setdefault("recycle", co.partial_rollout)  # slime recycles partial rollouts
     admission = build_admission(co.admission, eta=c.eta, batch_size=b,
                                 redundant_batch_size=redundancy.redundant_batch_size(b),
-                                sync=build_sync_policy(co.sync), **params)
+                                sync=build_sync_policy(co.sync), lead=c.lead, **params)
     latency = LatencyModel.load(co.latency_model) if co.latency_model else profile.latency
     return Core(admission=admission, server=server, prompts=prompts,
                 num_instances=c.num_instances, num_slots=num_slots(c, profile), eta=c.eta,

@@ -108,7 +108,7 @@ def simulator_config(system_config, calibration: Calibration, files_dir: str | p
     sim.profile = str(files_dir / "profile.json")
     sim.response_lengths = {"name": "empirical", "path": str(files_dir / "lengths.json")}
     sim.prompt_lengths = {"name": "constant", "value": max(1, round(calibration.prompt_length))}
-    sim.eta = c.staleness.eta
+    sim.eta, sim.lead = c.staleness.eta, c.staleness.lead
     for name in _COORDINATOR_FIELDS:
         sim.coordinator[name] = co[name]
     table = sim.coordinator.admission_params

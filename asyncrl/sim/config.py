@@ -3,6 +3,8 @@
 Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   profile                hardware/model profile JSON (a file in asyncrl/profiles, or a path)
   num_instances, eta, seed
+  lead                   the live config's staleness.lead: 'auto' (new work starts only as far
+                         ahead of the trainer as keeps it fed) or 'max' (as far as η allows)
   label                  the system's name in results and tables ('' = the admission's name)
   coordinator.*          the live config's `coordinator` section, same names and meanings
                          (experiments/grpo.py): admission, admission_params.<name>, routing,
@@ -34,7 +36,7 @@ import copy
 import ml_collections
 
 from asyncrl.config_args import ConfigError
-from asyncrl.coordinator.admission import ADMISSIONS
+from asyncrl.coordinator.admission import ADMISSIONS, LEADS
 from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 
@@ -50,6 +52,7 @@ def run_config() -> ml_collections.ConfigDict:
     c.profile = "qwen2p5_7b_8xh100.json"
     c.num_instances = 32
     c.eta = 2
+    c.lead = "max"
     c.seed = 0
     c.label = ""
     co = c.coordinator = ml_collections.ConfigDict()
@@ -186,6 +189,8 @@ def check(c) -> None:
         if name in c and c[name]:
             raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
     ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
+    if c.lead not in LEADS:
+        raise ConfigError(f"lead={c.lead!r}: one of {', '.join(map(repr, LEADS))}")
     for name, registry in (("routing", ROUTERS), ("sync", SYNC_POLICIES),
                            ("dispatch", DISPATCH_MODES), ("binding", BINDINGS)):
         if c.coordinator[name] not in registry:

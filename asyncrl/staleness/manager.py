@@ -128,6 +128,19 @@ class StalenessManager:
         with self._lock:
             return self._entry(entry_id).v_traj
 
+    def covered(self, entries: int) -> bool:
+        """Whether `entries` entries are on their way to the trainer's next buffers (`version`
+        on, as many as they fill): a READY buffer counts B', any other its occupied entries,
+        and every entry in flight counts wherever it reserved (its V_traj ≤ `version`, and
+        occupy lands it in the lowest PENDING buffer, so entries in flight fill these buffers
+        first). (The lead on demand, asyncrl/coordinator/admission/staleflow.py.)"""
+        with self._lock:
+            full = self.redundant_batch_size
+            have = sum(len(buf.reserved) for buf in self._buffers.values())
+            for b in range(self._version, self._version - (-entries // full)):
+                have += full if self._status(b) is BufferStatus.READY else self._counts(b)[1]
+            return have >= entries
+
     # ---------------------------------------------------------------- protocol
 
     def reserve(self, entry_id: EntryId, v_traj: int) -> int:

@@ -457,3 +457,34 @@ def test_the_run_waits_for_a_restart_when_every_instance_is_down_and_ends_if_non
     with pytest.raises(AllInstancesFailed, match="every rollout instance has failed and none is "
                        "restarting; the last: restarts spent"):
         core.step(0.0, [RejoinFailed(0, "restarts spent")])
+
+
+def test_lead_auto_starts_only_the_work_that_feeds_the_trainer():
+    core, server = make_core(eta=2, batch=2, lead="auto")
+    groups = of(Dispatch, core.step(0.0, [Published(0), state(0), state(1)]))
+    # `max` would start (η + 1)·B = 6 entries; `auto` covers the trainer's next buffer only.
+    assert len(groups) == 2
+    for d in groups:
+        finish_group(core, server, d)
+    assert core.take_batch(0).staleness == [0, 0]
+    # Step 0 trains: the next buffer is filled with weights 0, at lag 1.
+    groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    assert len(groups) == 2
+    for d in groups:
+        finish_group(core, server, d)
+    out = core.step(0.0, [Published(1)])  # batch 1 was ready when the step ended: fed
+    assert not of(Dispatch, out) and sorted(s.instance for s in of(Sync, out)) == [0, 1]
+    assert core.take_batch(1).staleness == [1, 1]
+    # Weights 1 exist: nothing starts on weights 0, however free those instances are.
+    assert not of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    groups = of(Dispatch, core.step(0.0, [Synced(0, 1), Synced(1, 1)]))
+    assert len(groups) == 2 and {server.v_traj(d.entry) for d in groups} == {1}
+    # Step 1 ends before batch 2 is ready: the trainer waits, the lead grows by a buffer.
+    out = core.step(0.0, [Published(2), state(0, version=1, queued=2), state(1, version=1, queued=2)])
+    assert core.admission.lead_entries == 4 and len(of(Dispatch, out)) == 2
+    assert core.admission.state_dict()["lead_entries"] == 4
+
+
+def test_lead_is_checked_by_name():
+    with pytest.raises(ValueError, match="lead must be one of 'auto', 'max', got 'min'"):
+        make_core(lead="min")

@@ -1,7 +1,7 @@
 """StaleFlow never consumes an entry staler than η, whatever the workload and policies.
 
 Randomised small clusters: few slots (so work queues), tiny batches, every router, sync,
-migration and redundancy policy, partial rollout on and off, heavy-tailed lengths. The core
+migration and redundancy policy, both leads, partial rollout on and off, heavy-tailed lengths. The core
 checks V_traj ≤ version ≤ V_traj + η on every consume of a bounded admission (and raises),
 every simulated instance asserts no response starts on weights older than its entry's
 V_traj, and the test checks the recorded histogram.
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from asyncrl.coordinator import (BINDINGS, DISPATCH_MODES, MIGRATION_POLICIES, REDUNDANCY_POLICIES, ROUTERS,
                                  SYNC_POLICIES)
+from asyncrl.coordinator.admission import LEADS
 from asyncrl.sim.config import system_config, systems
 from asyncrl.sim.run import simulate
 
@@ -32,6 +33,7 @@ def workloads(draw):
         steps=(0, draw(st.integers(3, 7))),
         seed=draw(st.integers(0, 2**16)),
     )
+    c.lead = draw(st.sampled_from(LEADS))
     co = c.coordinator
     co.routing = draw(st.sampled_from(ROUTERS.names()))
     co.dispatch = draw(st.sampled_from(DISPATCH_MODES.names()))

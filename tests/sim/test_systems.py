@@ -114,6 +114,10 @@ def test_unknown_names_and_moved_fields_fail_naming_the_field():
     c.coordinator.routing = "fastest"
     with pytest.raises(ValueError, match="round_robin"):
         simulate(c)
+    c = tiny("staleflow")
+    c.lead = "ahead"
+    with pytest.raises(ValueError, match="lead='ahead': one of 'auto', 'max'"):
+        simulate(c)
     c = run_config()
     c.schedule = "verl"
     with pytest.raises(ValueError, match=r"schedule='verl': this field moved to coordinator\.admission"):

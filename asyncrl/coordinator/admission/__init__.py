@@ -20,29 +20,35 @@ instances load new weights. One registry for the live system and the simulator.
   verl          verl's fully-async policy: a per-sync-window sample budget, every instance
                 updated together every `trigger_parameter_sync_step` steps (see `Verl`).
 
+`lead` (`staleness.lead`, "auto" or "max") is how far ahead of the trainer StaleFlow starts new
+work (asyncrl/coordinator/admission/staleflow.py); the baselines' own rules set theirs, so they
+accept it and ignore it.
+
 Only admissions with `bounded = True` promise V_traj ≤ version ≤ V_traj + η; the core checks
 it on every consume of theirs. The others' staleness is measured, never prevented.
 """
 
 from asyncrl.coordinator.admission.barrier import Barrier
 from asyncrl.coordinator.admission.base import ADMISSIONS, Admission
-from asyncrl.coordinator.admission.staleflow import StaleFlow
+from asyncrl.coordinator.admission.staleflow import LEADS, StaleFlow, check_lead
 from asyncrl.coordinator.admission.token_bucket import TokenBucket
 from asyncrl.coordinator.admission.verl import Verl
 from asyncrl.coordinator.sync import SyncPolicy
 
 
 def build_admission(name: str, *, eta: int, batch_size: int, redundant_batch_size: int,
-                    sync: SyncPolicy, **params) -> Admission:
+                    sync: SyncPolicy, lead: str = "max", **params) -> Admission:
     """The admission `name` with its own parameters (`params`, e.g. over_sampling)."""
     factory = ADMISSIONS.get(name)
+    check_lead(lead)
     if factory is StaleFlow:
         return StaleFlow(eta=eta, batch_size=batch_size,
-                         redundant_batch_size=redundant_batch_size, sync=sync, **params)
+                         redundant_batch_size=redundant_batch_size, sync=sync, lead=lead,
+                         **params)
     if redundant_batch_size != batch_size:
         raise ValueError(f"batch redundancy needs the staleflow admission, not {name!r}")
     return factory(eta=eta, batch_size=batch_size, **params)
 
 
-__all__ = ["ADMISSIONS", "Admission", "Barrier", "StaleFlow", "TokenBucket", "Verl",
+__all__ = ["ADMISSIONS", "Admission", "Barrier", "LEADS", "StaleFlow", "TokenBucket", "Verl",
            "build_admission"]

@@ -1,4 +1,36 @@
-"""StaleFlow's admission: the staleness protocol, with per-instance weight sync."""
+"""StaleFlow's admission: the staleness protocol, with per-instance weight sync.
+
+Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a cap, not a target.
+
+  max   every version with a reservable slot admits new entries (the paper's schedule): the
+        rollout runs as far ahead as η allows, so in a trainer-bound run every batch trains
+        η versions late although a lead of one would feed the trainer as well.
+  auto  lead on demand: new entries start only while the trainer's next L buffers are not
+        covered, L ∈ [1, η + 1] being the lead the run has shown it needs (`lead_entries` = L·B').
+          - Covered (`StalenessManager.covered(L·B')`): buffers v .. v + L − 1 (v: the trainer's
+            next) hold L · B' entries, counting a READY buffer as B', any other by its
+            occupied entries, and every entry in flight wherever it reserved (occupy lands
+            each in the lowest PENDING buffer, so work in flight fills buffer v first).
+          - A new entry is admitted at V_traj = u only if u ≥ P − (L − 1), P the newest
+            published weights: with L = 1 only the newest weights start work.
+          - L starts at 1. When the trainer publishes weights v (its step v − 1 is done) and
+            buffer v is not READY, the trainer waits: the lead was too short, L += 1. After
+            `FED_TO_SHORTEN` publishes in a row with buffer v READY, L −= 1.
+        A trainer-bound run thus keeps L = 1: buffer v fills with weights v − 1 while step
+        v − 1 trains, lag 1. A rollout-bound run (the trainer waits at every step) reaches
+        L = η + 1, where this rule admits what `max` does, keeping its throughput.
+        Nothing waits forever: while the trainer waits for buffer v, either entries are in
+        flight (each lands in buffer v, or is aborted and uncovers it) or buffer v, PENDING
+        with nothing reserved, is uncovered and reservable at P; an instance below P that may
+        not admit starves and pulls (every sync policy pulls an instance that has no load, or
+        no admissible version at a low load).
+        Reservations are `max`'s (the highest PENDING buffer ≤ V_traj + η): the reserved
+        buffer is only the latest an entry may land in, so stragglers still use up to η.
+        Reserving lower would make that buffer wait for the entry however long it runs, the
+        straggler wait StaleFlow exists to avoid. Where an entry lands is occupy's choice,
+        the lowest PENDING buffer: the lag is set by how much work is in flight, which is what
+        `auto` bounds.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +38,34 @@ from asyncrl.coordinator.admission.base import ADMISSIONS, Admission
 from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
 
+LEADS = ("auto", "max")
+# `auto` shortens its lead after this many steps whose batch was ready when asked for: one
+# wait costs a step part of a batch's rollout, so the lead is tried shorter only rarely.
+FED_TO_SHORTEN = 4
+# Steps of the lead per buffer. Finer steps (4 tried) took 8 waits to reach a rollout-bound
+# run's lead, 0.92 of `max`'s throughput in the simulator's latency regime: whole buffers.
+LEAD_STEPS_PER_BUFFER = 1
+
+
+def check_lead(lead) -> None:
+    if lead not in LEADS:
+        raise ValueError(f"lead must be one of {', '.join(map(repr, LEADS))}, got {lead!r}")
+
 
 @ADMISSIONS.register("staleflow")
 class StaleFlow(Admission):
     def __init__(self, *, eta: int, batch_size: int, redundant_batch_size: int | None = None,
-                 sync: SyncPolicy):
+                 sync: SyncPolicy, lead: str = "max"):
+        check_lead(lead)
         self.sm = StalenessManager(eta, batch_size, redundant_batch_size)
         self.sync = sync
+        self.lead = lead
+        full = self.sm.redundant_batch_size
+        self.lead_entries = full  # `auto`'s L, in entries
+        self._lead_step = -(-full // LEAD_STEPS_PER_BUFFER)
+        self._lead_cap = (eta + 1) * full
+        self._fed = 0  # publishes in a row whose next batch was ready
+        self._published: int | None = None  # the newest publish seen by this process
         # What the core asks at every step (can a version reserve, is a buffer ready, did the
         # abort rule fire), remembered until the manager changes: every change goes through
         # a hook below, which forgets it. At scale most steps change nothing here.
@@ -36,8 +89,16 @@ class StaleFlow(Admission):
     def version_admits_new(self, version):
         ok = self._memo.get(version)
         if ok is None:
-            ok = self._memo[version] = self.sm.can_reserve(version)
+            ok = self._memo[version] = self.sm.can_reserve(version) and (
+                self.lead == "max" or self._on_demand(version))
         return ok
+
+    def _on_demand(self, version: int) -> bool:
+        """`auto`'s rule (the module's docstring), for a reservable version."""
+        entries = self.lead_entries
+        buffers = -(-entries // self.sm.redundant_batch_size)
+        return (version >= self.core.latest_version - (buffers - 1)
+                and not self.sm.covered(entries))
 
     def rebind(self, entry, v_traj):
         return self.sm.rebind(entry, v_traj)
@@ -82,6 +143,21 @@ class StaleFlow(Admission):
         return (f"buffer {version} is {self.sm.status(version).name}: {occupied} of "
                 f"{self.sm.batch_size} slots occupied, {reserved} reserved by entries in flight")
 
+    def on_published(self, version):
+        self._memo.clear()  # `auto` reads the published version
+        # The first publish a process sees starts (or resumes) the run: no step ended there.
+        first, self._published = self._published is None, version
+        if first or self.lead != "auto" or version != self.sm.version:
+            return
+        if self.sm.status(version) is BufferStatus.READY:
+            self._fed += 1
+            if self._fed >= FED_TO_SHORTEN and self.lead_entries > self.sm.redundant_batch_size:
+                self.lead_entries -= self._lead_step
+                self._fed = 0
+        else:
+            self._fed = 0
+            self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
+
     def syncs(self, dirty):
         core, latest = self.core, self.core.latest_version
         cluster, out = core.cluster, []
@@ -95,7 +171,8 @@ class StaleFlow(Admission):
         return out
 
     def state_dict(self):
-        return {"staleness": self.sm.state_dict()}
+        return {"staleness": self.sm.state_dict(), "lead_entries": self.lead_entries,
+                "fed": self._fed}
 
     def load_state_dict(self, state):
         sm = StalenessManager.from_state_dict(state["staleness"])
@@ -103,4 +180,6 @@ class StaleFlow(Admission):
             raise ValueError(f"the checkpoint's staleness protocol has η={sm.eta}, B={sm.batch_size}; "
                              f"the config has η={self.sm.eta}, B={self.sm.batch_size}")
         self.sm = sm
+        self.lead_entries = state.get("lead_entries", self.sm.redundant_batch_size)
+        self._fed = state.get("fed", 0)
         self._changing()
