@@ -40,6 +40,7 @@ from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.rewards import REWARDS
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
+from asyncrl.rollout.sampling import SamplingParams
 from asyncrl.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.losses import LossConfig
@@ -292,7 +293,7 @@ def train_config(c) -> TrainConfig:
                        total_steps=c.train.steps, weight_decay=c.train.weight_decay,
                        max_grad_norm=c.train.max_grad_norm,
                        num_microbatches=c.train.num_microbatches, remat=c.train.remat,
-                       seed=c.seed)
+                       sampling=SamplingParams.of_rollout(c.rollout), seed=c.seed)
 
 
 def answer_check(c, policy) -> Callable[[list[int]], bool] | None:

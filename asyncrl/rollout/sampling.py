@@ -1,11 +1,12 @@
 """Token sampling for the rollout engine: temperature, top-k, top-p, and per-token RNG keys.
 
-Two log-probs come out of every sampled token, because the trainer needs both:
+Two log-probs come out of every sampled token:
 - the **behaviour** log-prob, under the distribution the token was actually drawn from (logits
   divided by the temperature, renormalised over the top-k / top-p set). It is the denominator
-  of the importance ratio.
+  of the importance ratio, and the trainer scores its own weights under the same distribution
+  (`sampling_logits`, from asyncrl/train/trainer.py), so an on-policy token has ratio 1.
 - the **policy** log-prob, under the model's own distribution (temperature 1, no truncation),
-  i.e. what the trainer's forward pass recomputes for the same weights.
+  kept with the trajectory for analysis.
 Greedy decoding (temperature 0) has no sampling distribution; it reports the policy log-prob
 as the behaviour log-prob, so a greedy rollout has importance ratio 1 against its own weights.
 

@@ -36,6 +36,7 @@ from asyncrl.model import (
 )
 import asyncrl.train.losses as losses
 from asyncrl.registry import Registry
+from asyncrl.rollout.sampling import SamplingParams, sampling_logits
 from asyncrl.train.losses import LossConfig
 
 FSDP = "fsdp"
@@ -63,6 +64,10 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     num_microbatches: int = 1  # M: gradient accumulation, so B does not set the memory
     remat: str = "none"  # REMAT_POLICIES: what each layer keeps for the backward pass
+    # How rollouts draw tokens: the loss's log-probs are of that distribution (temperature,
+    # top-k / top-p set), the one the behaviour log-probs are of, so on-policy tokens have
+    # importance weight 1 at any sampling setting.
+    sampling: SamplingParams = SamplingParams()
     seed: int = 0
 
     def __post_init__(self):
@@ -179,9 +184,13 @@ def batch_shardings(mesh: Mesh, group_size: int) -> TrainBatch:
 LOGITS_CHUNK_ELEMENTS = 1 << 24
 
 
-def _token_logprobs(hidden: jax.Array, table: jax.Array,
-                    tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _token_logprobs(hidden: jax.Array, table: jax.Array, tokens: jax.Array,
+                    sampling: SamplingParams = SamplingParams()) -> tuple[jax.Array, jax.Array]:
     """log π(tokens[:, t]) and the entropy at t, [B, T]; t = 0 has no prediction, so 0.
+
+    π is the distribution rollouts sample from (`sampling`, asyncrl/rollout/sampling.py:
+    logits over the temperature, renormalised over the top-k / top-p set); greedy sampling
+    has none, and reports the model's own, as the engine does.
 
     hidden [B, T, D] and table [V, D] from `apply_hidden`. The logits [B, T, V] are never
     held whole: at SmolLM2's vocabulary one 16 x 128 micro-batch has 400 MB of them, and the
@@ -191,6 +200,7 @@ def _token_logprobs(hidden: jax.Array, table: jax.Array,
     """
     b, t, d = hidden.shape
     n = t - 1  # position t predicts token t + 1
+    tempered = not sampling.greedy and (sampling.temperature != 1 or sampling.truncates)
     chunk = max(1, min(n, LOGITS_CHUNK_ELEMENTS // (b * table.shape[0])))
     num = -(-n // chunk)
     pad = num * chunk - n
@@ -202,7 +212,10 @@ def _token_logprobs(hidden: jax.Array, table: jax.Array,
     @jax.checkpoint
     def one_chunk(args):
         h_chunk, target_chunk = args
-        logz = jax.nn.log_softmax(unembed(h_chunk, table), axis=-1)  # [B, chunk, V]
+        logits = unembed(h_chunk, table)  # [B, chunk, V]
+        if tempered:
+            logits = sampling_logits(logits, sampling)
+        logz = jax.nn.log_softmax(logits, axis=-1)
         taken = jnp.take_along_axis(logz, target_chunk[..., None], axis=-1)[..., 0]
         return taken, -(jnp.exp(logz) * logz).sum(-1)
 
@@ -332,11 +345,12 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compu
         # The cast is inside the differentiated function: the gradient comes back in float32.
         params = cast_floats(master, compute)
         logp, entropy = _token_logprobs(
-            *apply_hidden(graphdef, params, tokens, positions, config.remat), tokens)
+            *apply_hidden(graphdef, params, tokens, positions, config.remat), tokens,
+            config.sampling)
         ref_logp = None
         if ref_params is not None:
             ref = apply_hidden(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions)
-            ref_logp = _token_logprobs(*ref, tokens)[0]
+            ref_logp = _token_logprobs(*ref, tokens, config.sampling)[0]
         per_token, aux = losses.token_terms(loss_cfg, logp, behaviour, adv, mask, entropy, ref_logp)
         loss = (per_token * agg_w).sum()
         sums = {k: jnp.where(mask > 0, v, 0.0).sum() for k, v in aux.items() if k != "is_weight"}
