@@ -15,7 +15,8 @@ Each run is `python -m asyncrl.main` in its own process, same config except:
   control    staleflow's η, the behaviour log-probs ignored (`train.policy_loss=uncorrected`:
              the clip is against the trainer's own weights, so stale samples get no correction)
 Time to target is the training wall time (evaluation excluded: it runs on its own thread)
-at which the first weights whose held-out greedy accuracy reaches the target existed. The
+at which the first weights whose held-out greedy accuracy reaches the target existed (from
+the metrics row of the step that made them, the final weights' included). The
 target is the synchronous runs' median final accuracy minus `--margin` (default 5 points),
 so it asks "how soon does each schedule get where synchronous training ends up". A run that
 never reaches it (null) ranks after every run that does, so a schedule's median time exists
@@ -146,9 +147,15 @@ def summarize(workdir: pathlib.Path, process_s: float) -> dict:
     curve = [(0.0, results["before"]["accuracy"])]
     curve += [(e["trained_s"], e["accuracy"]) for e in sorted(results.get("evals", []),
                                                                key=lambda e: e["step"])]
-    curve.append((results["wall_s"], results["after"]["accuracy"]))
+    # The final weights are the last step's: they existed at that step's row's wall_s, before
+    # the last checkpoint, the shutdown and the final evaluation (results' wall_s counts those).
+    last = next((r for r in rows if r["step"] == results["steps"]), None)
+    if last is None:
+        raise RuntimeError(f"{workdir / 'metrics.jsonl'} has no row for the final step "
+                           f"{results['steps']} that {workdir / 'results.json'} reports")
+    curve.append((last["wall_s"], results["after"]["accuracy"]))
     return {"curve": curve, "final": results["after"]["accuracy"],
-            "best": max(a for _, a in curve), "train_s": results["wall_s"],
+            "best": max(a for _, a in curve), "train_s": last["wall_s"],
             "process_s": process_s, "label": results["after"]["eval_label"],
             "reward": [(r["wall_s"], r["reward_mean"]) for r in rows]}
 

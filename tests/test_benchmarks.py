@@ -86,6 +86,8 @@ def test_learning_benchmark(tmp_path):
         rows = read_metrics(tmp_path / f"{variant}_0" / "metrics.jsonl")
         walls = {r["step"]: r["wall_s"] for r in rows}
         assert [walls[e["step"]] for e in evals] == [e["trained_s"] for e in evals]
+        # So is the final point: when step 4's weights existed, not when the run ended.
+        assert result["training_s"][variant] == [round(walls[4], 1)]
     # The harder setting in the same workdir: staleflow at another η beside the first runs,
     # sync's (η = 0 either way) reused.
     harder = _last_json("learning.py", "--scale=tiny", "--seeds=0", "--steps=4", "--eval-every=2",
