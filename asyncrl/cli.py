@@ -20,6 +20,7 @@ import difflib
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -109,12 +110,35 @@ class _CheckedConfigFileParser(ConfigFileFlagParser):
         if not os.path.isfile(file):
             # ml_collections would defer this to the config's first use, as an OSError.
             raise ConfigError(f"--{self.name}={path}: no such config file {file!r}")
-        config = super().parse(path)
+        config = _load_config_file(lambda: super(_CheckedConfigFileParser, self).parse(path),
+                                   f"--{self.name}={path}", file)
         # Read as ml_collections reads them (it too looks in sys.argv, flag files expanded).
         argv = flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)
         for dotted in _overrides(self.name, argv):
             _check_field(config, self.name, dotted)
         return config
+
+
+def _load_config_file(load: Callable[[], Any], flag: str, file: str):
+    """`load()`; a config file that does not run, or has no get_config, is a ConfigError
+    naming the file, the line and the error instead of a traceback through ml_collections.
+    A UserError get_config raises (an argument it refuses) passes as it is."""
+    try:
+        return load()
+    except UserError:
+        raise
+    except SyntaxError as error:
+        raise ConfigError(f"{flag}: {error.filename or file}, line {error.lineno}: "
+                          f"SyntaxError: {error.msg}") from error
+    except Exception as error:  # noqa: BLE001 - any error of the user's file, reported whole
+        if isinstance(error, AttributeError) and getattr(error, "name", None) == "get_config":
+            raise ConfigError(f"{flag}: {file} defines no get_config(); a config file defines "
+                              f"get_config(arg=None) returning an ml_collections "
+                              f"ConfigDict") from error
+        frames = [f for f in traceback.extract_tb(error.__traceback__)
+                  if os.path.abspath(f.filename) == os.path.abspath(file)]
+        where = f"{file}, line {frames[-1].lineno}" if frames else file
+        raise ConfigError(f"{flag}: {where}: {type(error).__name__}: {error}") from error
 
 
 def _config_file_given(name: str, argv: list[str]) -> bool:

@@ -137,6 +137,23 @@ def test_flag_mistakes_are_named_before_anything_is_imported(args, culprits):
     assert "Traceback" not in run.stdout
 
 
+@pytest.mark.parametrize("source, culprits", [
+    ("def get_config(:\n", ["line 1: SyntaxError"]),
+    ("CONFIG = {}\n", ["defines no get_config()"]),
+    ("def get_config(arg=None):\n    return {}['lr']\n", ["line 2: KeyError: 'lr'"]),
+], ids=["syntax-error", "no-get-config", "get-config-raises"])
+def test_a_config_file_that_does_not_load_is_one_error_line(source, culprits, tmp_path):
+    path = tmp_path / "mine.py"
+    path.write_text(source)
+    run = run_asyncrl_main(f"--config={path}")
+    assert run.returncode == EXIT_USER_ERROR, run.stderr[-3000:]
+    assert run.stderr.startswith(f"error: --config={path}: ") and run.stderr.count("\n") == 1, \
+        run.stderr
+    for culprit in culprits:
+        assert culprit in run.stderr
+    assert "Traceback" not in run.stdout
+
+
 def test_a_bug_keeps_its_traceback():
     def buggy():
         raise RuntimeError("a bug")
