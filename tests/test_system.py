@@ -137,12 +137,34 @@ def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-6)
 
 
+def _fail_instance_1_at_dispatch(count: int):
+    def break_instance_1(built):
+        engine = built.instances[1].engine
+        real_generate, calls = engine.generate, []
+
+        def generate(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == count:
+                raise RuntimeError("injected device fault")
+            return real_generate(*args, **kwargs)
+
+        engine.generate = generate
+
+    return break_instance_1
+
+
 def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_path):
     # 12-token responses from the untrained model: with partial rollout on, this run swaps
-    # weights under running trajectories (22-40 per step from step 3, measured).
-    run(tiny(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
-                    train__steps=6, eval__heldout_size=8), tmp_path)
+    # weights under running trajectories (22-40 per step from step 3, measured). An instance
+    # fails mid-run (its trajectories re-routed) and the run resumes from a checkpoint holding
+    # trajectories in flight: neither may continue a trajectory on other weights.
+    settings = dict(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
+                    checkpoint__every_steps=1, eval__heldout_size=8)
+    run(tiny(train__steps=3, **settings), tmp_path, on_built=_fail_instance_1_at_dispatch(15))
+    results = run(tiny(train__steps=6, **settings), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert results["steps"] == 6 and [r["step"] for r in rows] == list(range(1, 7))
+    assert rows[2]["failed_instances"] == 1 and rows[2]["rerouted_after_failure"] > 0
     assert [r["partial_rollouts"] for r in rows] == [0] * 6
     assert max(lag for r in rows for lag in r["staleness"]) > 0  # still asynchronous
 
@@ -163,20 +185,8 @@ def test_a_paged_cache_too_small_for_every_slot_preempts_and_keeps_the_bound(tmp
 
 
 def test_a_failing_instance_has_its_work_rerouted(tmp_path, caplog):
-    def break_instance_1(built):
-        engine = built.instances[1].engine
-        real_generate, calls = engine.generate, []
-
-        def generate(*args, **kwargs):
-            calls.append(1)
-            if len(calls) == 15:
-                raise RuntimeError("injected device fault")
-            return real_generate(*args, **kwargs)
-
-        engine.generate = generate
-
     results = run(tiny(train__steps=6, eval__heldout_size=8), tmp_path,
-                         on_built=break_instance_1)
+                  on_built=_fail_instance_1_at_dispatch(15))
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert results["steps"] == 6
     assert rows[-1]["failed_instances"] == 1
