@@ -21,15 +21,57 @@ import ipaddress
 import logging
 import os
 import secrets
+import signal
+import socket
 import sys
+import threading
+
+from asyncrl.errors import UserError
 
 log = logging.getLogger(__name__)
 
 SINGLE_NODE = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
-class ClusterError(RuntimeError):
+# How long a joined cluster's address may take to accept a connection: Ray itself retries an
+# address nothing answers at for minutes, silently.
+CONNECT_TIMEOUT_S = 20.0
+
+
+class ClusterError(UserError, RuntimeError):
     """The Ray cluster could not be started or joined as configured."""
+
+
+def _keeping_signal_handlers(start):
+    """`start()` (a ray.init), with this process's SIGINT and SIGTERM handlers put back after:
+    the driver's ray.init installs its own, which ends the process at once (exit -6) instead
+    of letting the run checkpoint (asyncrl/main.py's handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return start()
+    kept = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return start()
+    finally:
+        for sig, handler in kept.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def check_reachable(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Raises ClusterError naming `address` if nothing accepts a connection there in time."""
+    if address == "auto" or "://" in address:  # Ray finds those itself / its client protocol
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"distributed.ray_address = {address!r}: expected 'local', 'auto' "
+                           f"or the head's 'host:port'")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            pass
+    except OSError as error:
+        raise ClusterError(f"nothing answers at {address} (distributed.ray_address) within "
+                           f"{timeout_s:.0f} s: {error}; start the cluster first (launch/) "
+                           f"or correct the address") from None
 
 
 def loopback_environment(token: str | None = None) -> dict[str, str]:
@@ -69,9 +111,9 @@ def start_local(num_cpus: int = 0, object_store_mb: int = 1024) -> Cluster:
         AuthenticationTokenLoader.instance().reset_cache()
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
     kwargs = {"num_cpus": num_cpus} if num_cpus else {}
-    ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-             object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
-             **kwargs)
+    _keeping_signal_handlers(lambda: ray.init(
+        address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+        object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False, **kwargs))
     outside = [a for a in reported_addresses() if not is_loopback(a)]
     if outside:
         ray.shutdown()
@@ -86,8 +128,9 @@ def join(address: str) -> Cluster:
 
     if ray.is_initialized():
         return Cluster(owned=False)
+    check_reachable(address)
     try:
-        ray.init(address=address, configure_logging=False)
+        _keeping_signal_handlers(lambda: ray.init(address=address, configure_logging=False))
     except (ConnectionError, RuntimeError) as error:
         raise ClusterError(f"could not join the Ray cluster at {address!r} "
                            f"(distributed.ray_address): {error}") from error

@@ -335,3 +335,39 @@ def test_the_driver_runs_its_trainer_group_with_a_follower_it_starts_as_a_ray_ac
     addresses = [group.group(1), *group.group(2).split(", "), group.group(3)]
     assert all(is_loopback(a) for a in addresses), addresses
     assert "trainer group process 1: " in done.stderr  # the follower's own line, via Ray
+
+
+def test_a_sigterm_after_ray_starts_reaches_the_runs_handler():
+    # ray.init installs its own SIGTERM handler in the driver, which ends the process at once
+    # (exit -6, no checkpoint); the handler the run installed must still be the one called.
+    script = (
+        "import os, signal, threading\n"
+        "from asyncrl.distributed.cluster import start_local\n"
+        "stop = threading.Event()\n"
+        "signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())\n"
+        "cluster = start_local(num_cpus=1, object_store_mb=128)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "assert stop.wait(10), 'the handler was not called'\n"
+        "cluster.close()\n"
+        "print('checkpointed')\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "checkpointed" in done.stdout, done.stderr[-3000:]
+
+
+def test_an_unreachable_ray_address_is_one_error_line_within_a_minute(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    start = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
+         "--config.distributed.backend=ray", "--config.distributed.ray_address=127.0.0.1:1",
+         f"--workdir={tmp_path}"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert time.monotonic() - start < 60 + 30  # the minute, and the imports on a loaded host
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert done.returncode == 2 and len(errors) == 1, done.stderr[-3000:]
+    assert "127.0.0.1:1 (distributed.ray_address)" in errors[0]
+    assert "Traceback" not in done.stderr
