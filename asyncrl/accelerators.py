@@ -3,6 +3,8 @@
     v5litepod-8, v5e-8   8 TPU v5e chips          v5p-16   8 TPU v5p chips (counted in cores)
     v6e-8                8 TPU v6e (Trillium)     v4-16    8 TPU v4 chips (counted in cores)
     8xH100, 1xH200       GPUs of one machine
+    cpu                  this host's CPU, split into the run's devices (a local CPU run: the
+                         trainer and the instances are one process, their "HBM" is its memory)
 
 Per-chip figures are the vendors' datasheets (dense bf16, HBM capacity and bandwidth); they
 are what a roofline prediction divides by, and the planner prints them with its figures.
@@ -51,7 +53,7 @@ class Accelerator:
 
     @property
     def chip(self) -> Chip:
-        return CHIPS[self.generation]
+        return host_chip() if self.kind == "cpu" else CHIPS[self.generation]
 
     @property
     def topology(self) -> str:
@@ -64,6 +66,8 @@ class Accelerator:
         """The same kind with another chip count (a split of a slice between two jobs)."""
         if self.kind == "gpu":
             return Accelerator(f"{chips}x{self.generation}", "gpu", self.generation, chips)
+        if self.kind == "cpu":
+            return Accelerator("cpu", "cpu", "cpu", chips)
         per = _CORES_PER_CHIP.get(self.generation, 1)
         return Accelerator(f"{self.generation}-{chips * per}", "tpu", self.generation, chips)
 
@@ -71,6 +75,8 @@ class Accelerator:
 def parse(name: str) -> Accelerator:
     """'v5litepod-8', 'v5e-8', 'v5p-16', 'v6e-8', 'v4-16', '8xH100', '1xH200'."""
     text = name.strip()
+    if text == "cpu":  # one host: its device count is the run's layout (asyncrl.plan)
+        return Accelerator("cpu", "cpu", "cpu", 1)
     tpu, gpu = _TPU.fullmatch(text), _GPU.fullmatch(text)
     if tpu:
         generation = "v5e" if tpu.group(1) == "v5litepod" else tpu.group(1)
@@ -87,8 +93,19 @@ def parse(name: str) -> Accelerator:
             raise ValueError(f"{name!r}: expected at least one GPU")
         return Accelerator(text, "gpu", gpu.group(2), int(gpu.group(1)))
     raise ValueError(f"accelerator {name!r}: expected a Cloud TPU accelerator type "
-                     f"(v5litepod-8 / v5e-8, v5p-16, v6e-8, v4-16) or GPUs as NxTYPE (8xH100, "
-                     f"1xH200, 4xA100)")
+                     f"(v5litepod-8 / v5e-8, v5p-16, v6e-8, v4-16), GPUs as NxTYPE (8xH100, "
+                     f"1xH200, 4xA100), or cpu")
+
+
+def host_chip(meminfo: str = "/proc/meminfo") -> Chip:
+    """This host as the one "chip" of a CPU run: its memory is what every device holds.
+    No datasheet: the bandwidth and FLOP figures are 0 (a CPU plan predicts no times)."""
+    try:
+        with open(meminfo) as f:
+            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration):
+        raise ValueError(f"cpu: cannot read this host's memory size from {meminfo}") from None
+    return Chip("CPU host", float(total), 0.0, 0.0, meminfo)
 
 
 def topology_of(generation: str, chips: int) -> str:

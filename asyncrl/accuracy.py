@@ -38,6 +38,7 @@ from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.slots import Slots
 from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.servers.parameters import place
 
 log = logging.getLogger(__name__)
 
@@ -203,7 +204,10 @@ class Evaluator:
                              sampled)
         greedy, sampled = self._engines
         prompts, answers = self._problems
-        params = jax.device_put(params, shardings_for(params, self.mesh, ShardingRules.replicated()))
+        # On a CPU host the engines read the caller's buffers, not a copy of them: the
+        # caller's weights stay unchanged while this runs (a published version, a copy
+        # BackgroundEvaluator made, or the trainer's before the first step or after the last).
+        params, _ = place(params, shardings_for(params, self.mesh, ShardingRules.replicated()))
 
         def save(completions: Completions) -> None:
             if responses_to is not None:
@@ -222,7 +226,8 @@ class BackgroundEvaluator:
     """Runs an Evaluator on its own thread, so periodic evaluation never holds the trainer.
 
     `submit(version, params)` copies the weights (the next train step donates them) and
-    returns at once; `results()` hands back what finished since the last call, each with the
+    returns at once (`copy=False`: weights nothing will change, e.g. a published version,
+    are read as they are); `results()` hands back what finished since the last call, each with the
     version it evaluated. If a new evaluation is submitted while one is still waiting to
     start, the older one is skipped (and counted): evaluation falls behind, never memory.
     """
@@ -239,8 +244,8 @@ class BackgroundEvaluator:
         self._thread = threading.Thread(target=self._run, name="evaluation", daemon=True)
         self._thread.start()
 
-    def submit(self, version: int, params) -> None:
-        copy = self._copy(params)
+    def submit(self, version: int, params, *, copy: bool = True) -> None:
+        copy = self._copy(params) if copy else params
         with self._cond:
             self._raise_failure()
             if self._waiting is not None:

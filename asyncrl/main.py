@@ -9,10 +9,13 @@ rerunning the same command resumes.
 """
 
 from asyncrl.host_devices import split_cpu_host
+from asyncrl.host_memory import tune_host_malloc
 
 # Before JAX is imported anywhere: on a CPU, enough devices for one trainer mesh and the
 # rollout meshes.
 split_cpu_host(8)
+# Before JAX allocates: XLA:CPU's buffers are host memory, and glibc's defaults fragment them.
+tune_host_malloc()
 
 import signal  # noqa: E402
 import threading  # noqa: E402

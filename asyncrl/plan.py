@@ -20,6 +20,11 @@ the cluster simulator (asyncrl/sim) on a profile made from those times, over the
 the chips between trainer and rollout and over η, and reports StaleFlow's throughput
 against synchronous training on the same chips.
 
+`--trainer=cpu --rollout=cpu` plans a local CPU run (the config's own layout on this host's
+CPU devices, one process): every device's memory is the host's, so the plan is one host
+figure, counted from the same compiled programs (asyncrl/plan.py `host_part`), against the
+host's memory. No datasheet, so no times or split for a CPU.
+
 The last line printed is one JSON object. A placement that cannot fit ends with one
 `error:` line naming the part and what to change, exit status 2.
 """
@@ -231,6 +236,112 @@ def rollout_part(c, model, accelerator) -> tuple[Part, dict]:
     return Part(accelerator, total, pieces), info
 
 
+# Weight versions resident at once on a CPU host: the newest published one, and the one
+# the instances (and an evaluation) still decode with until they pull it. The instances and
+# the evaluator share these buffers rather than copying them (asyncrl/servers/parameters.py).
+HOST_WEIGHT_VERSIONS = 2
+
+
+def resident_bytes() -> float:
+    """This process's resident memory (Linux), 0 where /proc does not say."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def host_part(c, model, trainer: Part, rollout: Part, runtime_bytes: float) -> Part:
+    """A local CPU run's peak host memory, counted: the runtime (the planner's own resident
+    memory once the run's modules are imported), the trainer's compiled step (master
+    weights, Adam moments, the batch, temporaries; the policy copy when its dtype differs),
+    HOST_WEIGHT_VERSIONS published weight versions shared by the instances, each instance's
+    KV cache and decode temporaries, and an evaluation (the version it reads, older than
+    both of those while it runs beside training; its engine's KV; a decode's temporaries).
+    A CPU checkpoint save writes from the state's own buffers before the next step
+    (asyncrl/train/checkpoint.py): nothing to add."""
+    from asyncrl.model.paged import kv_bytes_per_token
+
+    weights = policy_bytes(model)
+    instances = c.mesh.rollout_instances
+    per_instance = (rollout.pieces["kv_bytes"] + rollout.pieces["temp_bytes"]) \
+        * c.mesh.devices_per_instance
+    eval_positions = c.rollout.num_slots * (c.rollout.prompt_bucket + c.eval.max_new_tokens)
+    if c.eval.samples:  # the sampled engine's slots, beside the greedy one's
+        eval_positions += (max(c.rollout.num_slots, c.eval.samples)
+                           * (c.rollout.prompt_bucket + c.eval.max_new_tokens))
+    pieces = {"runtime_bytes": runtime_bytes,
+              "trainer_bytes": trainer.hbm_bytes_per_device * trainer.accelerator.chips,
+              "weight_versions_bytes": HOST_WEIGHT_VERSIONS * weights,
+              "instances_bytes": instances * per_instance,
+              "evaluation_bytes": weights + eval_positions * kv_bytes_per_token(model)
+              + rollout.pieces["temp_bytes"]}
+    return Part(trainer.accelerator, sum(pieces.values()), pieces)
+
+
+def check_host_fits(host: Part) -> None:
+    if host.hbm_bytes_per_device <= host.capacity:
+        return
+    p = host.pieces
+    largest = max((k for k in p if k != "runtime_bytes"), key=p.get)
+    raise DoesNotFit(
+        f"the run does not fit this host: {host.hbm_bytes_per_device / 1e9:.1f} GB against its "
+        f"{host.capacity / 1e9:.1f} GB of memory, "
+        f"{(host.hbm_bytes_per_device - host.capacity) / 1e9:.1f} GB over; the largest part is "
+        f"{largest.removesuffix('_bytes').replace('_', ' ')} ({p[largest] / 1e9:.1f} GB): "
+        + {"trainer_bytes": "raise train.num_microbatches or set train.remat='full'",
+           "instances_bytes": "use fewer rollout.num_slots or mesh.rollout_instances",
+           "weight_versions_bytes": "use a smaller model or model.param_dtype='bfloat16'",
+           "evaluation_bytes": "use fewer rollout.num_slots or eval.samples"}[largest])
+
+
+def plan_host(c) -> dict:
+    """A local CPU run on this host, in its config's layout: the trainer's step and one
+    instance's engine compiled for this host's CPU devices, and the host figure."""
+    import jax
+
+    from asyncrl import config as config_lib
+    import asyncrl.run  # noqa: F401  the run's modules: their import is part of its memory
+
+    runtime = resident_bytes()
+    config_lib.validate(c, device_count=len(jax.devices("cpu")), local_files=False)
+    model, source = model_of(c)
+    cpu = accelerators.parse("cpu")
+    started = time.perf_counter()
+    print(f"model: {source}, {param_count(model) / 1e6:.1f}M parameters, {model.param_dtype}")
+    print(f"cpu: the trainer on {c.mesh.trainer_devices} CPU device(s), "
+          f"{c.mesh.rollout_instances} instance(s) of {c.mesh.devices_per_instance}, one "
+          f"process: host memory {cpu.chip.hbm_bytes / 1e9:.1f} GB", flush=True)
+    trainer, t_info = trainer_part(c, model, cpu.with_chips(c.mesh.trainer_devices))
+    rollout, r_info = rollout_part(
+        c, model, cpu.with_chips(c.mesh.rollout_instances * c.mesh.devices_per_instance))
+    print(f"  train step, prefill and decode compiled in "
+          f"{t_info['compile_s'] + r_info['compile_s']:.0f} s", flush=True)
+    host = host_part(c, model, trainer, rollout, runtime)
+    check_host_fits(host)
+    print(f"\nhost {_gb(host.hbm_bytes_per_device)} of {_gb(host.capacity)}: "
+          + ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {_gb(v)}"
+                      for k, v in host.pieces.items()))
+    for side, part in (("trainer", trainer), ("rollout", rollout)):
+        pieces = ", ".join(f"{k.removesuffix('_bytes')} {_gb(v)}" for k, v in part.pieces.items()
+                           if k.endswith("_bytes"))
+        print(f"  {side} per device: {_gb(part.hbm_bytes_per_device)} ({pieces})")
+    print("no times or split predicted: a CPU has no datasheet (plan an accelerator for them)")
+    print(f"planned in {time.perf_counter() - started:.0f} s")
+    return {
+        "fits": True,
+        "host": {"host_bytes": host.hbm_bytes_per_device, "host_capacity_bytes": host.capacity,
+                 **host.pieces},
+        "trainer": {"hbm_bytes_per_device": trainer.hbm_bytes_per_device,
+                    **{k: trainer.pieces[k] for k in ("params_bytes", "optimizer_bytes",
+                                                      "activation_bytes")}},
+        "rollout": {"hbm_bytes_per_device": rollout.hbm_bytes_per_device,
+                    "kv_pages": rollout.pieces["kv_pages"],
+                    "kv_bytes": rollout.pieces["kv_bytes"],
+                    "temp_bytes": rollout.pieces["temp_bytes"]},
+    }
+
+
 def check_fits(trainer: Part, rollout: Part | None, c) -> None:
     """Raises DoesNotFit naming the part over a chip's HBM, by how much, and what to change."""
     for side, part in (("trainer", trainer), ("rollout", rollout)):
@@ -429,6 +540,13 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
         rollout_acc = accelerators.parse(rollout_name)
     except ValueError as error:
         raise UserError(str(error)) from None
+    if "cpu" in (trainer_acc.kind, rollout_acc.kind):
+        if trainer_acc.kind != rollout_acc.kind:
+            raise UserError(f"--trainer={trainer_name} --rollout={rollout_name}: a CPU run "
+                            f"places both on this host: --trainer=cpu --rollout=cpu")
+        if eta is not None:
+            c.staleness.eta = eta
+        return plan_host(c)
     if eta is not None:
         c.staleness.eta = eta
     # The run's meshes on the planned chips: the trainer on all of its side, the instances

@@ -125,3 +125,37 @@ def test_main_refuses_a_trainer_its_devices_cannot_hold_before_loading_weights()
     c.rollout.num_pages = 200_000  # 3.2M positions of 56 KiB
     with pytest.raises(DoesNotFit, match=r"rollout instance does not fit: .* KV cache"):
         check_devices_hold_the_state(c, eight, [[_Accelerator(80e9)]])
+
+
+def test_a_cpu_run_is_planned_as_one_host_figure_of_counted_parts():
+    done = _plan("--config=experiments/grpo.py:tiny", "--trainer=cpu", "--rollout=cpu")
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(done.stdout.strip().splitlines()[-1])
+    host, trainer = plan["host"], plan["trainer"]
+    parts = {k: v for k, v in host.items() if k not in ("host_bytes", "host_capacity_bytes")}
+    assert set(parts) == {"runtime_bytes", "trainer_bytes", "weight_versions_bytes",
+                          "instances_bytes", "evaluation_bytes"}
+    assert min(parts.values()) > 0 and host["host_bytes"] == pytest.approx(sum(parts.values()))
+    assert host["host_bytes"] <= host["host_capacity_bytes"]
+    # float32: the weights rollout reads are the master's bytes; two versions are resident.
+    assert parts["weight_versions_bytes"] == pytest.approx(2 * trainer["params_bytes"])
+    assert parts["trainer_bytes"] >= (trainer["params_bytes"] + trainer["optimizer_bytes"]
+                                      + trainer["activation_bytes"])
+    assert "host" in done.stdout and "no times or split predicted" in done.stdout
+
+
+def test_a_host_that_cannot_hold_the_run_names_its_largest_part():
+    from asyncrl.hbm import DoesNotFit
+    from asyncrl.plan import Part, check_host_fits
+
+    cpu = accelerators.parse("cpu")
+    assert cpu.kind == "cpu" and cpu.chip.hbm_bytes > 0
+    pieces = {"runtime_bytes": 1e9, "trainer_bytes": 2 * cpu.chip.hbm_bytes,
+              "weight_versions_bytes": 1e9, "instances_bytes": 1e9, "evaluation_bytes": 1e9}
+    with pytest.raises(DoesNotFit, match=r"does not fit this host: .* largest part is trainer "
+                                         r".*train.num_microbatches"):
+        check_host_fits(Part(cpu, sum(pieces.values()), pieces))
+    done = _plan("--config=experiments/grpo.py:tiny", "--trainer=cpu", "--rollout=v5e-1")
+    assert done.returncode == 2
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and "--trainer=cpu --rollout=cpu" in last

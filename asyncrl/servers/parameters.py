@@ -20,6 +20,14 @@ the server's reference, and an instance still decoding with it keeps the buffer 
 it pulls a newer one. So a colocated device holds the trainer's params, the server's newest
 copy and at most one older copy per instance, as the disjoint layout does across devices.
 Pulls onto a different layout (several devices, FSDP to replicated) are real transfers.
+
+On a CPU host every device is host memory of this process, so a copy per device buys
+nothing: `place` hands a replicated CPU target the server's own buffers (zero-copy, through
+a read-only host view), and every instance reads the one published copy. That is safe for
+the reasons above (a published version is never donated, written or deleted; a reader keeps
+its buffer alive), and it takes the default SmolLM2 run's weight copies from one per
+instance to one per live version (docs/results.md). `shared_bytes` and `copied_bytes` count
+what pulls shared and what they copied.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 PyTree = Any
 
@@ -52,6 +61,8 @@ class ParameterServer:
         self.push_seconds: collections.deque[float] = collections.deque(maxlen=max_latency_records)
         self.pull_seconds: collections.deque[float] = collections.deque(maxlen=max_latency_records)
         self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
+        self.shared_bytes = 0  # pulled without a copy (one CPU host): see `place`
+        self.copied_bytes = 0
 
     @property
     def latest_version(self) -> int:
@@ -62,6 +73,14 @@ class ParameterServer:
     def held_versions(self) -> dict[Any, int]:
         with self._cond:
             return dict(self._held)
+
+    def latest(self) -> tuple[int, PyTree] | None:
+        """The newest version and its weights as published: read them, never write, donate
+        or delete them (instances decode with these buffers). None before the first push."""
+        with self._cond:
+            if self._latest < 0:
+                return None
+            return self._latest, self._versions[self._latest].params
 
     def stored_versions(self) -> list[int]:
         with self._cond:
@@ -103,15 +122,59 @@ class ParameterServer:
             entry = self._versions[version]
             entry.readers += 1
         try:
-            params = jax.block_until_ready(jax.device_put(entry.params, shardings))
+            params, shared = place(entry.params, shardings)
+            params = jax.block_until_ready(params)
         finally:
             with self._cond:
                 entry.readers -= 1
                 self._held[instance] = version
                 self._free_unread()
+        with self._cond:
+            self.shared_bytes += shared
+            self.copied_bytes += _nbytes(params) - shared
         self.pull_seconds.append(time.perf_counter() - start)
         return version, params
 
     def _free_unread(self) -> None:
         for version in [v for v, e in self._versions.items() if v != self._latest and e.readers == 0]:
             del self._versions[version]
+
+
+def place(params: PyTree, shardings: PyTree) -> tuple[PyTree, int]:
+    """`params` on `shardings`, and how many of its bytes the result shares with `params`.
+
+    A leaf that lives on CPU devices of this process, whole on each (one device or
+    replicated), going to a replicated CPU target in this process, is not copied: each
+    target device gets an array over the source's host buffer (XLA:CPU takes an aligned
+    host array without copying it; the array keeps the source alive). The result is only
+    as immutable as the source: callers pass what nothing writes, donates or deletes (a
+    published version, or weights that stay unchanged while the result is in use). Any
+    other leaf moves with `jax.device_put`.
+    """
+    leaves, treedef = jax.tree.flatten(params)
+    targets = treedef.flatten_up_to(shardings)
+    placed, shared = [], 0
+    for x, target in zip(leaves, targets):
+        if _host_shareable(x, target):
+            view = np.asarray(x.addressable_shards[0].data)
+            pieces = [jax.device_put(view, d) for d in target.addressable_devices]
+            y = jax.make_array_from_single_device_arrays(x.shape, target, pieces)
+            if all(p.unsafe_buffer_pointer() == view.ctypes.data for p in pieces):
+                shared += x.nbytes
+            placed.append(y)
+        else:
+            placed.append(jax.device_put(x, target))
+    return jax.tree.unflatten(treedef, placed), shared
+
+
+def _host_shareable(x, target) -> bool:
+    if not isinstance(x, jax.Array) or not isinstance(target, jax.sharding.Sharding):
+        return False
+    devices = x.sharding.device_set | target.device_set
+    return (all(d.platform == "cpu" and d.process_index == jax.process_index() for d in devices)
+            and x.is_fully_replicated and target.is_fully_replicated
+            and not x.is_deleted() and x.size > 0)
+
+
+def _nbytes(tree: PyTree) -> int:
+    return sum(x.nbytes for x in jax.tree.leaves(tree))

@@ -9,7 +9,10 @@ One checkpoint (directory `<root>/<step>/`) has three items:
 No pickles anywhere: a checkpoint stays readable when the code moves on.
 
 Saves are asynchronous: Orbax copies the arrays to host before `save` returns, so the next
-(donating) train step may overwrite the device buffers while the files are written. A save
+(donating) train step may overwrite the device buffers while the files are written. Not on a
+CPU: there the "host copy" is a view of the state's own buffers, a train step cannot donate
+a buffer something else views, and it would allocate a whole second state (1.6 GB for
+SmolLM2) while the files are written; so a CPU trainer's saves are synchronous. A save
 first checks that its directory has room for it (a SmolLM2-135M checkpoint is 1.6 GB with the
 Adam moments) and refuses with the sizes if not, before writing anything; a write that fails
 anyway (the disk filled meanwhile) surfaces as a CheckpointError when the save is awaited.
@@ -121,8 +124,13 @@ class Checkpointer:
     """Saves and restores (TrainState, ResumeData) under one root directory, keeping N."""
 
     def __init__(
-        self, directory: str | Path, trainer: Trainer, keep: int = 3, async_save: bool = True
+        self, directory: str | Path, trainer: Trainer, keep: int = 3,
+        async_save: bool | None = None,
     ):
+        """`async_save` None: asynchronous unless the trainer's devices are a CPU's (see the
+        module docstring)."""
+        if async_save is None:
+            async_save = not all(d.platform == "cpu" for d in trainer.mesh.devices.flat)
         self.directory = Path(directory).absolute()
         self.trainer = trainer
         self.keep = keep
@@ -141,7 +149,8 @@ class Checkpointer:
     # -- save -------------------------------------------------------------------------------
 
     def save(self, state: TrainState, resume: ResumeData) -> int:
-        """Starts an async save at the state's step; returns the step."""
+        """Starts a save at the state's step (written before it returns where saves are
+        synchronous); returns the step."""
         step = int(jax.device_get(state.step))
         flat, _ = flatten_state(state)
         arrays = {k: np.asarray(v) for k, v in resume.trajectory_arrays.items()}

@@ -133,3 +133,34 @@ def test_a_colocated_reference_outlives_donation_and_newer_versions(colocated):
     np.testing.assert_array_equal(held["b"], np.ones(4))
     _, newer = server.pull("a", replicated(mesh_a), newer_than=1)
     np.testing.assert_array_equal(newer["b"], np.ones(4) + 100)
+
+
+def test_on_a_cpu_host_instances_on_other_devices_share_the_published_copy(meshes):
+    # Each "device" of a CPU is this process's memory: a replicated pull reads the server's
+    # buffers, however many instances pull, and stays whole after the trainer donates and
+    # the server moves on. What is sharded on the target is still a transfer.
+    trainer, (mesh_a, mesh_b) = meshes
+    server = ParameterServer()
+    one_device = Mesh(np.array(jax.devices()[:1]), ("fsdp",))
+    params = jax.device_put({"w": jnp.arange(16.0).reshape(4, 4), "b": jnp.ones(4)},
+                            replicated(one_device))
+    server.push(1, params)
+    _, on_a = server.pull("a", replicated(mesh_a))
+    _, on_b = server.pull("b", replicated(mesh_b))
+    published = jax.tree.leaves(server._versions[1].params)
+    for a, b, p in zip(jax.tree.leaves(on_a), jax.tree.leaves(on_b), published):
+        trainers = {pointer(x) for x in jax.tree.leaves(params)}
+        assert {pointer(a), pointer(b)} == {pointer(p)} != trainers
+        assert all(s.data.unsafe_buffer_pointer() == pointer(p) for s in a.addressable_shards)
+        assert a.sharding.device_set == set(mesh_a.devices.flat)
+    nbytes = sum(x.nbytes for x in published)
+    assert (server.shared_bytes, server.copied_bytes) == (2 * nbytes, 0)
+    params = jax.jit(lambda p: jax.tree.map(lambda x: x + 100, p), donate_argnums=0)(params)
+    server.push(2, params)
+    assert server.stored_versions() == [2]
+    np.testing.assert_array_equal(on_a["w"], np.arange(16.0).reshape(4, 4))
+    np.testing.assert_array_equal(jax.jit(lambda t: t["b"] * 2)(on_b), np.full(4, 2.0))
+    sharded = {"w": NamedSharding(mesh_a, P("tp")), "b": NamedSharding(mesh_a, P())}
+    _, split = server.pull("a", sharded)
+    np.testing.assert_array_equal(split["w"], np.arange(16.0).reshape(4, 4) + 100)
+    assert server.copied_bytes == split["w"].nbytes
