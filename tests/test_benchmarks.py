@@ -193,3 +193,21 @@ def test_reward_audit_benchmark(tmp_path):
     assert result["trained_on"] == "math_verify" and result["before"]["problems"] == 8
     assert abs(result["reported"] - result["strict_recount"]) <= 0.05
     assert {"lenient_would_report", "format_rate", "cut_rate", "reward_hacking"} <= set(result)
+
+
+def test_lag_benchmark_pairs_its_variants():
+    # Three steps of the tiny config, one seed: the JSON, and the pairing itself. Every
+    # variant samples step 0 with the initial weights, lag1 and lag2 sample steps 0-1 with
+    # them, lag2 and the uncorrected control steps 0-2: the same prompts and keys must give
+    # the same rewards there, and lag 0 (weights of steps 1, 2) must not.
+    result = _last_json("lag.py", "--steps=3", "--seeds=0")
+    assert {"steps", "seeds", "window", "mean_reward", "mean_reward_all_steps", "median",
+            "rewards", "lag1_vs_lag0", "lag2_vs_lag0", "uncorrected_vs_lag0"} <= set(result)
+    assert result["steps"] == 3 and result["seeds"] == [0] and result["window"] == [1, 3]
+    rewards = {v: runs[0] for v, runs in result["rewards"].items()}
+    assert set(rewards) == {"lag0", "lag1", "lag2", "uncorrected"}
+    assert all(len(r) == 3 and all(0 <= x <= 1 for x in r) for r in rewards.values())
+    assert len({r[0] for r in rewards.values()}) == 1, rewards
+    assert rewards["lag1"][:2] == rewards["lag2"][:2], rewards
+    assert rewards["lag2"] == rewards["uncorrected"], rewards
+    assert rewards["lag0"][1:] != rewards["lag2"][1:], rewards
