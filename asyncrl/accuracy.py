@@ -37,7 +37,7 @@ from asyncrl.rewards.registry import format_check, strict_grader
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.slots import Slots
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.servers.parameters import place
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,7 @@ from asyncrl.model import ModelConfig, PagedKVCache, abstract_params
 from asyncrl.model.paged import _attend_tpu_ragged, live_kv_bytes
 from asyncrl.model.transformer import unrolled_layers
 from asyncrl.rollout.engine import Engine, _generate
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.tpu_compile import analysis, compile_for, custom_call_bytes, topology_devices
 
 

@@ -193,7 +193,7 @@ def rollout_part(c, model, accelerator) -> tuple[Part, dict]:
 
     from asyncrl.model import abstract_params
     from asyncrl.rollout.engine import Engine, KVOptions, _generate, _prefill_chunk
-    from asyncrl.rollout.sampling import SamplingParams
+    from asyncrl.model.sampling import SamplingParams
 
     per_instance = c.mesh.devices_per_instance
     if accelerator.chips % per_instance:

@@ -40,7 +40,7 @@ from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.rewards import REWARDS
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init

@@ -42,7 +42,8 @@ from asyncrl.model import ModelConfig, apply, init_params
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.slots import Slots
-from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
+from asyncrl.model.sampling import SamplingParams
+from asyncrl.rollout.sampling import sample, token_keys
 
 
 def parse_args():

@@ -148,7 +148,7 @@ class Seed:
         from asyncrl.model import graphdef_for
         from asyncrl.policy import encode, load_policy
         from asyncrl.rollout.engine import Engine, KVOptions
-        from asyncrl.rollout.sampling import SamplingParams
+        from asyncrl.model.sampling import SamplingParams
 
         self.c = c
         for module in c.rewards.plugins:  # rewards registered outside asyncrl, as a run's workers

@@ -33,7 +33,7 @@ from asyncrl.drivers.local import LocalRollouts
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.placement import split_by_process
 from asyncrl.rollout.engine import KVOptions
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.train.trainer import trainer_mesh
 
 log = logging.getLogger(__name__)

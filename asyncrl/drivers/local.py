@@ -22,7 +22,7 @@ from asyncrl.policy import Policy, PromptStream
 from asyncrl.rewards import RewardPool
 from asyncrl.rollout.engine import Engine, KVOptions
 from asyncrl.rollout.instance import RolloutInstance
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.train.checkpoint import ResumeData

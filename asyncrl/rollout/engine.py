@@ -46,7 +46,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from asyncrl.model import KVCache, ModelConfig, PagedKVCache, ShardingRules, apply, shardings_for
 from asyncrl.model.paged import resolve_backend
 from asyncrl.model.sharding import PAGE_AXES
-from asyncrl.rollout.sampling import SamplingParams, sample, token_keys
+from asyncrl.model.sampling import SamplingParams
+from asyncrl.rollout.sampling import sample, token_keys
 
 
 @flax.struct.dataclass

@@ -36,7 +36,7 @@ from asyncrl.model import (
 )
 import asyncrl.train.losses as losses
 from asyncrl.registry import Registry
-from asyncrl.rollout.sampling import SamplingParams, sampling_logits
+from asyncrl.model.sampling import SamplingParams, sampling_logits
 from asyncrl.train.losses import LossConfig
 
 FSDP = "fsdp"
@@ -188,7 +188,7 @@ def _token_logprobs(hidden: jax.Array, table: jax.Array, tokens: jax.Array,
                     sampling: SamplingParams = SamplingParams()) -> tuple[jax.Array, jax.Array]:
     """log π(tokens[:, t]) and the entropy at t, [B, T]; t = 0 has no prediction, so 0.
 
-    π is the distribution rollouts sample from (`sampling`, asyncrl/rollout/sampling.py:
+    π is the distribution rollouts sample from (`sampling`, asyncrl/model/sampling.py:
     logits over the temperature, renormalised over the top-k / top-p set); greedy sampling
     has none, and reports the model's own, as the engine does.
 

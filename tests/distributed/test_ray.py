@@ -35,7 +35,7 @@ from asyncrl.policy import load_policy
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Work
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.run import run
 from asyncrl.servers.trajectory import TrajectoryServer
 from experiments.grpo import get_config

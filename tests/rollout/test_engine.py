@@ -15,7 +15,7 @@ from jax.sharding import AxisType
 from asyncrl.model import ModelConfig, ShardingRules, apply, init_params, init_sharded
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.rollout.slots import Slots
 
 MAX_LEN = 48

@@ -9,7 +9,7 @@ from asyncrl.model import ModelConfig, init_params
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Trajectory, Work
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 
 CONFIG = ModelConfig.tiny()
 NEW_TOKENS = 12

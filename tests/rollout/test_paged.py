@@ -17,7 +17,7 @@ from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Trajectory, Work
 from asyncrl.model.paged import BACKENDS
 from asyncrl.rollout.pages import ATTENTION_BACKENDS, OutOfPages, PageTable
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.rollout.slots import Slots
 from asyncrl.train.trainer import _token_logprobs
 

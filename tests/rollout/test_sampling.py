@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from asyncrl.rollout.sampling import SamplingParams, sample, sampling_logits, token_keys
+from asyncrl.model.sampling import SamplingParams, sampling_logits
+from asyncrl.rollout.sampling import sample, token_keys
 
 V = 32
 

@@ -15,7 +15,7 @@ import pytest
 from asyncrl.model import ModelConfig, init_params
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
-from asyncrl.rollout.sampling import SamplingParams
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.rollout.slots import Slots
 from asyncrl.train.losses import LossConfig
 from asyncrl.train.trainer import TrainBatch, Trainer, TrainConfig, trainer_mesh
