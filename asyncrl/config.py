@@ -195,6 +195,10 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     if config.train.warmup_steps > config.train.steps:
         _fail("train.warmup_steps", config.train.warmup_steps,
               f"at most train.steps ({config.train.steps})")
+    if config.train.lr_schedule == "cosine" and config.train.warmup_steps == config.train.steps:
+        # optax's cosine needs a step to decay over: it would fail inside the run's first step.
+        _fail("train.warmup_steps", config.train.warmup_steps,
+              f"below train.steps ({config.train.steps}) with train.lr_schedule = 'cosine'")
     if config.rollout.group_size > config.rollout.num_slots:
         _fail("rollout.group_size", config.rollout.group_size,
               f"a group is prefilled into group_size slots at once; at most rollout.num_slots "

@@ -274,6 +274,7 @@ def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
     ({"train__remat": "some"}, r"config.train.remat = 'some' is not allowed: registered: dots, full, none"),
     ({"model__checkpoint": "/nowhere/model"}, r"config.model.checkpoint = '/nowhere/model'"),
     ({"train__warmup_steps": 150}, r"config.train.warmup_steps = 150 is not allowed: at most train.steps \(100\)"),
+    ({"train__warmup_steps": 100, "train__lr_schedule": "cosine"}, r"config.train.warmup_steps = 100 is not allowed: below train.steps \(100\) with train.lr_schedule = 'cosine'"),
     ({"task__reward": "math_verify"}, r"config.task.instruction = '' is not allowed: task.reward = 'math_verify' reads the final answer only from \\boxed\{\}"),
     ({"eval__format_reward": "format"}, r"config.eval.format_reward = 'format' is not allowed: 'auto' or 'integer_format'"),
     ({"task__dataset": "gsm8k"}, r"config.task.train_path = '' is not allowed: the path of a local gsm8k file"),
