@@ -161,6 +161,10 @@ def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_pat
     settings = dict(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
                     checkpoint__every_steps=1, eval__heldout_size=8)
     run(tiny(train__steps=3, **settings), tmp_path, on_built=_fail_instance_1_at_dispatch(15))
+    meta = json.loads((tmp_path / "checkpoints" / "3" / "meta" / "metadata").read_text())
+    in_flight = [t for t in meta["trajectories"]["trajectories"]
+                 if t["state"] in ("pending", "routed", "running", "interrupted")]
+    assert in_flight, "the checkpoint held no trajectory in flight: the resume tests nothing"
     results = run(tiny(train__steps=6, **settings), tmp_path)
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert results["steps"] == 6 and [r["step"] for r in rows] == list(range(1, 7))
