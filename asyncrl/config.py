@@ -127,6 +127,27 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     `local_files`: check that the files the config names exist here (not when planning a
     run for other machines, asyncrl/plan.py).
     """
+    # A config with several faults reports them one at a time, in this order; the reward
+    # plugins register their rewards before task.reward is looked up among them.
+    _validate_scalars(config)
+    _validate_admission(config)
+    _import_reward_plugins(config)
+    _validate_registered(config)
+    _validate_clip(config)
+    _validate_task(config, local_files)
+    _validate_answer_format(config)
+    _validate_schedule(config)
+    _validate_batch_split(config, processes)
+    validate_distributed(config)
+    _check_devices(config, device_count, processes, process_index)
+    if local_files:
+        _validate_named_files(config)
+    if not 0 < config.rollout.temperature:
+        _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
+    _validate_kv(config.rollout, config.coordinator.partial_rollout)
+
+
+def _validate_scalars(config) -> None:
     for field, minimum in [
         ("staleness.eta", 0), ("train.batch_size", 1), ("train.steps", 1),
         ("rollout.group_size", 1), ("rollout.num_slots", 1), ("rollout.max_new_tokens", 1),
@@ -149,6 +170,11 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
                   "mesh.colocate"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
+
+
+def _validate_admission(config) -> None:
+    """What the admission is built from: the lead, and every admission's parameters, which
+    must build whichever admission is chosen (an override may switch to any of them)."""
     if config.staleness.lead not in LEADS:
         _fail("staleness.lead", config.staleness.lead,
               "'auto' (start rollouts only as far ahead as keeps the trainer fed) or 'max' "
@@ -163,7 +189,9 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
                             sync=build_sync_policy("greedy"), **params.to_dict())
         except (TypeError, ValueError) as error:
             _fail(field, params.to_dict(), str(error))
-    _import_reward_plugins(config)
+
+
+def _validate_registered(config) -> None:
     for field, registry in [
         ("coordinator.admission", ADMISSIONS), ("coordinator.routing", ROUTERS), ("coordinator.sync", SYNC_POLICIES),
         ("coordinator.dispatch", DISPATCH_MODES), ("coordinator.binding", BINDINGS),
@@ -171,7 +199,9 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
         ("task.reward", REWARDS), ("train.remat", REMAT_POLICIES),
     ]:
         _one_of(config, field, registry)
-    _validate_clip(config)
+
+
+def _validate_task(config, local_files: bool) -> None:
     if config.task.dataset not in DATASETS:
         _fail("task.dataset", config.task.dataset, f"one of {', '.join(DATASETS)}")
     if config.task.dataset != "arithmetic" and local_files:
@@ -188,7 +218,10 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     if config.task.system_prompt and not config.task.chat_template:
         _fail("task.system_prompt", config.task.system_prompt,
               "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
-    _validate_answer_format(config)
+
+
+def _validate_schedule(config) -> None:
+    """Evaluation's pass@k against its samples, and the learning-rate warmup against the run."""
     ks = tuple(config.eval.pass_k)
     if config.eval.samples and not all(isinstance(k, int) and 1 <= k <= config.eval.samples for k in ks):
         _fail("eval.pass_k", ks, f"each k an int in [1, eval.samples = {config.eval.samples}]")
@@ -199,6 +232,10 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
         # optax's cosine needs a step to decay over: it would fail inside the run's first step.
         _fail("train.warmup_steps", config.train.warmup_steps,
               f"below train.steps ({config.train.steps}) with train.lr_schedule = 'cosine'")
+
+
+def _validate_batch_split(config, processes: int) -> None:
+    """A group fits the slots it is prefilled into; the batch splits over the trainer."""
     if config.rollout.group_size > config.rollout.num_slots:
         _fail("rollout.group_size", config.rollout.group_size,
               f"a group is prefilled into group_size slots at once; at most rollout.num_slots "
@@ -211,21 +248,18 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
               f"the batch of {config.train.batch_size} entries × {config.rollout.group_size} "
               f"responses = {sequences} sequences must split evenly into micro-batches × "
               f"mesh.trainer_devices ({config.mesh.trainer_devices}){group}")
-    validate_distributed(config)
-    _check_devices(config, device_count, processes, process_index)
+
+
+def _validate_named_files(config) -> None:
+    """The model checkpoint and the latency model a router reads exist on this machine."""
     checkpoint = config.model.checkpoint
-    if (local_files and checkpoint not in ("embedded", "random")
-            and not os.path.exists(checkpoint)):
+    if checkpoint not in ("embedded", "random") and not os.path.exists(checkpoint):
         _fail("model.checkpoint", checkpoint,
               "'embedded', 'random', or the path of a Hugging Face folder or a .gguf file")
     routing = config.coordinator.routing
-    if (local_files and router_needs_latency(routing)
-            and not os.path.isfile(config.coordinator.latency_model)):
+    if router_needs_latency(routing) and not os.path.isfile(config.coordinator.latency_model):
         _fail("coordinator.latency_model", config.coordinator.latency_model,
               f"{routing} routing needs the JSON fitted by python benchmarks/profile_engine.py")
-    if not 0 < config.rollout.temperature:
-        _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
-    _validate_kv(config.rollout, config.coordinator.partial_rollout)
 
 
 def _validate_kv(rollout, partial_rollout: bool) -> None:

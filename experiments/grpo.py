@@ -18,6 +18,7 @@ answer_first's partial credit.
 """
 
 from asyncrl.config_args import parse_arg
+from asyncrl.coordinator.config import coordinator_config
 
 import ml_collections
 
@@ -81,24 +82,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # (docs/results.md, issue 29).
     c.staleness.lead = "max"
 
-    c.coordinator = ml_collections.ConfigDict()
-    # 'staleflow' (the per-trajectory bound), or a baseline: 'barrier' (η = 0 synchronous,
-    # η = 1 one-step off-policy, slime's loop) or 'token_bucket' (AReaL; ROLL with drop_stale).
-    c.coordinator.admission = "staleflow"
-    c.coordinator.admission_params = ml_collections.ConfigDict({
-        "barrier": {"over_sampling": 1.0}, "token_bucket": {"drop_stale": False}})
-    c.coordinator.routing = "least_loaded"
-    c.coordinator.dispatch = "group"  # or per_response: each response of a group routed alone
-    c.coordinator.binding = "dispatch"  # or late: V_traj moves forward until a response starts
-    c.coordinator.latency_model = ""  # step-latency JSON, for throughput_optimal routing
-    c.coordinator.sync = "greedy"
-    # A sync keeps running trajectories going on the new weights; off, it waits for them to
-    # finish and migration moves only queued work: one version per trajectory.
-    c.coordinator.partial_rollout = True
-    c.coordinator.migration = "balance"
-    c.coordinator.migration_interval_s = 0.0  # 0: consider moves at every coordinator step
-    c.coordinator.redundancy = "none"
-    c.coordinator.dynamic_sampling = False
+    # Admission, routing, sync, migration: defined once with the simulator's
+    # (asyncrl/coordinator/config.py), so the two cannot drift apart.
+    c.coordinator = coordinator_config()
 
     c.train = ml_collections.ConfigDict()
     c.train.batch_size = 8  # entries (prompts); each holds group_size responses

@@ -1,6 +1,14 @@
-"""The coordinator core a run's config describes (`config.coordinator`, `config.staleness`)."""
+"""The coordinator core of a run, built one way for the live run and the simulator.
+
+Both describe the core with the same `coordinator` section (asyncrl/coordinator/config.py)
+and differ only in where the run's shape comes from: the live config's staleness, train, mesh
+and rollout sections (`core_from_config`), or a simulated run's cluster and profile
+(`asyncrl.sim.build.core_from_sim_config`). `build_core` is the one place they meet.
+"""
 
 from __future__ import annotations
+
+import dataclasses
 
 from asyncrl.coordinator.admission import build_admission
 from asyncrl.coordinator.core import Core
@@ -13,21 +21,51 @@ from asyncrl.coordinator.sync import build_sync_policy
 from asyncrl.servers.trajectory import TrajectoryServer
 
 
-def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core:
-    co = c.coordinator
+@dataclasses.dataclass(frozen=True)
+class RunShape:
+    """The numbers of a run that size its core, besides the `coordinator` section."""
+
+    eta: int
+    lead: str  # 'auto' or 'max' (asyncrl.coordinator.admission.LEADS)
+    batch_size: int  # B, in entries
+    num_instances: int
+    num_slots: int  # decode slots per instance
+    group_size: int  # N responses per entry
+    max_new_tokens: int
+    # The step-latency model a router reads when the section names no latency_model file:
+    # the simulator's profile; none live, where validation asks for the file instead.
+    latency: LatencyModel | None = None
+
+
+def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSource) -> Core:
+    """The core a `coordinator` section describes, for a run of `shape`."""
     redundancy = build_redundancy(co.redundancy)
     params = co.admission_params[co.admission].to_dict() if co.admission in co.admission_params else {}
     if co.admission == "barrier":
-        params.setdefault("recycle", co.partial_rollout)
+        params.setdefault("recycle", co.partial_rollout)  # slime recycles partial rollouts
     admission = build_admission(
-        co.admission, eta=c.staleness.eta, batch_size=c.train.batch_size,
-        redundant_batch_size=redundancy.redundant_batch_size(c.train.batch_size),
-        sync=build_sync_policy(co.sync), lead=c.staleness.lead, **params)
-    latency = LatencyModel.load(co.latency_model) if router_needs_latency(co.routing) else None
+        co.admission, eta=shape.eta, batch_size=shape.batch_size,
+        redundant_batch_size=redundancy.redundant_batch_size(shape.batch_size),
+        sync=build_sync_policy(co.sync), lead=shape.lead, **params)
+    latency = shape.latency
+    if co.latency_model and router_needs_latency(co.routing):
+        latency = LatencyModel.load(co.latency_model)
     return Core(admission=admission, server=server, prompts=prompts,
-                num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,
-                eta=c.staleness.eta, group_size=c.rollout.group_size,
-                max_new_tokens=c.rollout.max_new_tokens, router=build_router(co.routing, latency),
-                redundancy=redundancy, migration=build_migration_policy(co.migration),
+                num_instances=shape.num_instances, num_slots=shape.num_slots, eta=shape.eta,
+                group_size=shape.group_size, max_new_tokens=shape.max_new_tokens,
+                router=build_router(co.routing, latency), redundancy=redundancy,
+                migration=build_migration_policy(co.migration),
                 migration_interval_s=co.migration_interval_s, partial_rollout=co.partial_rollout,
                 dynamic_sampling=co.dynamic_sampling, dispatch=co.dispatch, binding=co.binding)
+
+
+def live_shape(c) -> RunShape:
+    """The shape of the live run config `c`."""
+    return RunShape(eta=c.staleness.eta, lead=c.staleness.lead, batch_size=c.train.batch_size,
+                    num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,
+                    group_size=c.rollout.group_size, max_new_tokens=c.rollout.max_new_tokens)
+
+
+def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core:
+    """The live run's core (`config.coordinator`, sized by `live_shape`)."""
+    return build_core(c.coordinator, live_shape(c), server, prompts)

@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Iterable, Iterator
+from typing import AbstractSet, Iterable, Iterator
 
 import numpy as np
 
-from asyncrl.coordinator.admission import Admission
+from asyncrl.coordinator.admission import Abort, Admission, Decision, Recycle
 from asyncrl.coordinator.membership import Membership
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, InstanceState, Prompt,
@@ -86,7 +86,7 @@ class Core:
         self._announced = -1  # the last batch a BatchReady went out for
         self._last_migration = float("-inf")
         self._out: list[Command] = []
-        admission.attach(self)
+        admission.attach(_AdmissionView(self))
 
     # ---------------------------------------------------------------- the step
 
@@ -244,7 +244,7 @@ class Core:
             self.abort_entry(entry)  # no GRPO signal; a fresh prompt takes its place
             return
         self.server.occupy(entry)
-        self.admission.on_scored(entry)
+        self._carry_out(self.admission.on_scored(entry))
 
     def _instance_failed(self, instance: int, error: str, rejoining: bool) -> None:
         if not self.members.fail(self.cluster, instance, rejoining):
@@ -277,9 +277,18 @@ class Core:
     # ---------------------------------------------------------------- aborts and extraction
 
     def _forget_given_up(self) -> None:
-        for entry in self.admission.take_aborted():
-            if self.server.has_entry(entry):
-                self._forget_entry(entry)
+        self._carry_out(map(Abort, self.admission.take_aborted()))
+
+    def _carry_out(self, decisions: Iterable[Decision]) -> None:
+        """Does what the admission decided, in its order. It only reads the core (a
+        `CoreView`), so every change its decisions make to the run is made here."""
+        for decision in decisions:
+            if isinstance(decision, Recycle):
+                self.extract_entry(decision.entry)
+            # The admission already freed the entry's place: not called back (`on_aborted`).
+            # The entry may have gone meanwhile (trained, or given up by the core itself).
+            elif self.server.has_entry(decision.entry):
+                self._forget_entry(decision.entry)
 
     def abort_entry(self, entry: int) -> None:
         """Gives an entry up: the admission frees its place, the instances drop its work."""
@@ -429,6 +438,39 @@ class Core:
                     self._out.append(Score(t))
             if self.server.group_rewarded(entry):
                 self._group_progress(entry)
+
+
+class _AdmissionView:
+    """The core as its admission reads it (`CoreView`): properties only, so the admission
+    cannot act on the run except through the decisions the core carries out."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: Core):
+        self._core = core
+
+    @property
+    def cluster(self) -> ClusterView:
+        return self._core.cluster
+
+    @property
+    def dead(self) -> AbstractSet[int]:
+        return self._core.dead
+
+    @property
+    def version(self) -> int:
+        return self._core.version
+
+    @property
+    def latest_version(self) -> int:
+        return self._core.latest_version
+
+    @property
+    def partial_rollout(self) -> bool:
+        return self._core.partial_rollout
+
+    def v_traj(self, entry: int) -> int:
+        return self._core.server.v_traj(entry)
 
 
 def _by_instance(held: Iterable[tuple[int, int]]) -> Iterator[tuple[int, tuple[int, ...]]]:

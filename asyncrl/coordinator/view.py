@@ -1,8 +1,10 @@
-"""What the coordinator's policies may see of the rollout instances.
+"""What the coordinator's policies may see of the rollout instances and of the core.
 
 Policies never touch an engine. They read a snapshot:
-  * `InstanceView`: one instance, a frozen record (what a live instance thread reports);
-  * `ClusterView`: all instances as parallel numpy arrays (struct of arrays).
+  * `InstanceView`: one instance, a frozen row of the cluster (an instance reports an
+    `asyncrl.records.InstanceState`; the core folds it into the cluster's arrays);
+  * `ClusterView`: all instances as parallel numpy arrays (struct of arrays);
+  * `CoreView`: what an admission reads of the core (it decides; only the core acts).
 
 Policies take a `ClusterView`, because a decision at 1,024 instances must cost microseconds:
 one vectorised expression over arrays, not 1,024 Python objects per routed request. A live
@@ -13,7 +15,7 @@ updates its arrays in place as instances change. Policies must treat it as read-
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import AbstractSet, Protocol, Sequence
 
 import numpy as np
 
@@ -122,3 +124,28 @@ class ClusterView:
 
     def copy(self) -> "ClusterView":
         return ClusterView(*(getattr(self, f).copy() for f in _FIELDS))
+
+
+class CoreView(Protocol):
+    """The coordinator core as its admission sees it: facts to read, nothing to call that
+    changes the run. An admission's decisions go back to the core as values it applies
+    (`asyncrl.coordinator.admission.Abort`, `Recycle`), so the admission needs no core to be
+    built or tested, and every change to the run stays in the core's step. The cluster's
+    arrays and the dead set are the core's own, updated in place: read them, never write."""
+
+    @property
+    def cluster(self) -> ClusterView: ...
+
+    @property
+    def dead(self) -> AbstractSet[int]: ...  # failed instances
+
+    @property
+    def version(self) -> int: ...  # the next batch the trainer takes
+
+    @property
+    def latest_version(self) -> int: ...  # the newest published weights
+
+    @property
+    def partial_rollout(self) -> bool: ...  # a weight sync interrupts work, which resumes
+
+    def v_traj(self, entry: int) -> int: ...

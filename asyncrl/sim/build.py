@@ -1,19 +1,13 @@
-"""The coordinator core a simulated run's config describes: the live system's core, built from
-the same registries with the same meanings (`asyncrl.coordinator.build.core_from_config`
-reads the live config's `coordinator` section; this reads the sim config's, which has the
-same fields). tests/coordinator/test_drivers_agree.py checks that both give the same core.
+"""The coordinator core a simulated run's config describes: the live system's core, built by
+the same builder (`asyncrl.coordinator.build.build_core`) from the same `coordinator` schema;
+only the run's shape is read from the sim config and its profile.
 """
 
 from __future__ import annotations
 
-from asyncrl.coordinator.admission import build_admission
+from asyncrl.coordinator.build import RunShape, build_core
 from asyncrl.coordinator.core import Core
 from asyncrl.coordinator.records import PromptSource
-from asyncrl.coordinator.latency import LatencyModel
-from asyncrl.coordinator.migration import build_migration_policy
-from asyncrl.coordinator.redundancy import build_redundancy
-from asyncrl.coordinator.routing import build_router
-from asyncrl.coordinator.sync import build_sync_policy
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.sim.profile import Profile
 
@@ -27,23 +21,15 @@ def num_slots(c, profile: Profile) -> int:
     return c.num_slots or profile.num_slots
 
 
+def sim_shape(c, profile: Profile, max_new_tokens: int) -> RunShape:
+    """The shape of the simulated run `c`: the profile gives the slots (where `num_slots` is
+    0) and the step latency; `max_new_tokens` is the response lengths' cap."""
+    return RunShape(eta=c.eta, lead=c.lead, batch_size=batch_size(c),
+                    num_instances=c.num_instances, num_slots=num_slots(c, profile),
+                    group_size=c.group_size, max_new_tokens=max_new_tokens,
+                    latency=profile.latency)
+
+
 def core_from_sim_config(c, profile: Profile, server: TrajectoryServer, prompts: PromptSource,
                          max_new_tokens: int) -> Core:
-    co = c.coordinator
-    redundancy = build_redundancy(co.redundancy)
-    b = batch_size(c)
-    params = dict(co.admission_params[co.admission]) if co.admission in co.admission_params else {}
-    if co.admission == "barrier":
-        params.setdefault("recycle", co.partial_rollout)  # slime recycles partial rollouts
-    admission = build_admission(co.admission, eta=c.eta, batch_size=b,
-                                redundant_batch_size=redundancy.redundant_batch_size(b),
-                                sync=build_sync_policy(co.sync), lead=c.lead, **params)
-    latency = LatencyModel.load(co.latency_model) if co.latency_model else profile.latency
-    return Core(admission=admission, server=server, prompts=prompts,
-                num_instances=c.num_instances, num_slots=num_slots(c, profile), eta=c.eta,
-                group_size=c.group_size, max_new_tokens=max_new_tokens,
-                router=build_router(co.routing, latency), redundancy=redundancy,
-                migration=build_migration_policy(co.migration),
-                migration_interval_s=co.migration_interval_s,
-                partial_rollout=co.partial_rollout, dynamic_sampling=co.dynamic_sampling,
-                dispatch=co.dispatch, binding=co.binding)
+    return build_core(c.coordinator, sim_shape(c, profile, max_new_tokens), server, prompts)

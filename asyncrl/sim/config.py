@@ -6,10 +6,10 @@ Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   lead                   the live config's staleness.lead: 'auto' (new work starts only as far
                          ahead of the trainer as keeps it fed) or 'max' (as far as η allows)
   label                  the system's name in results and tables ('' = the admission's name)
-  coordinator.*          the live config's `coordinator` section, same names and meanings
-                         (experiments/grpo.py): admission, admission_params.<name>, routing,
-                         dispatch ('group' or 'per_response'), binding ('dispatch' or
-                         'late'), latency_model ('' = the profile's step latency), sync,
+  coordinator.*          the live config's `coordinator` section, the same schema
+                         (asyncrl/coordinator/config.py) with cluster-scale defaults:
+                         admission, admission_params.<name>, routing, dispatch, binding,
+                         latency_model ('' = the profile's step latency), sync,
                          partial_rollout, migration, migration_interval_s, redundancy,
                          dynamic_sampling
   group_size             N responses per prompt (GRPO group)
@@ -37,6 +37,7 @@ import ml_collections
 
 from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.admission import ADMISSIONS, LEADS
+from asyncrl.coordinator.config import coordinator_config
 from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS
 from asyncrl.coordinator.sync import SYNC_POLICIES
 
@@ -55,25 +56,11 @@ def run_config() -> ml_collections.ConfigDict:
     c.lead = "max"
     c.seed = 0
     c.label = ""
-    co = c.coordinator = ml_collections.ConfigDict()
-    co.admission = "staleflow"
-    co.admission_params = ml_collections.ConfigDict({
-        "barrier": {"over_sampling": 1.0},
-        "token_bucket": {"drop_stale": False},
-        # staleness_threshold None: η. max_queue_size 0: (1 + threshold)·k·B.
-        "verl": {"staleness_threshold": None, "trigger_parameter_sync_step": 1,
-                 "max_queue_size": 0},
-    })
-    co.routing = "throughput_optimal"
-    co.dispatch = "group"
-    co.binding = "dispatch"
-    co.latency_model = ""
-    co.sync = "when_idle"
-    co.partial_rollout = True
-    co.migration = "balance"
-    co.migration_interval_s = 5.0
-    co.redundancy = "none"
-    co.dynamic_sampling = False
+    # A simulated run defaults to StaleFlow with its own tools (systems()' "staleflow"), not
+    # the live run's small-machine settings: routing by the profile's step latency, a pull
+    # when an instance would otherwise starve, moves considered every 5 s of virtual time.
+    c.coordinator = coordinator_config(routing="throughput_optimal", sync="when_idle",
+                                       migration_interval_s=5.0)
     c.group_size = 16
     c.batch_size = 512
     c.groups_per_instance = 0.0

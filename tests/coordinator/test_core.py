@@ -45,7 +45,9 @@ def make_core(admission="staleflow", *, instances=2, eta=1, batch=2, router="rou
 
 
 def state(i, version=0, running=0, queued=0, syncing=False, steps=0):
-    return InstanceState(i, version, running, queued, 10 * running, SLOTS, syncing, steps)
+    return InstanceState(instance=i, version=version, running=running, queued=queued,
+                         kv_tokens=10 * running, num_slots=SLOTS, syncing=syncing,
+                         decode_steps=steps)
 
 
 def of(kind, commands):
@@ -246,6 +248,26 @@ def test_barrier_over_sampling_trains_the_first_b_and_recycles_the_rest_into_the
                                 Extract(1, launched[3].trajectory_ids)]
     assert core.take_batch(0).entries == [0, 2]
     assert core.counters.aborted_entries == 0  # recycled, not dropped
+
+
+def test_barrier_over_sampling_without_recycling_drops_the_surplus_where_it_runs():
+    core, server = make_core("barrier", eta=1, batch=2, over_sampling=2.0, recycle=False)
+    launched = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    for t in launched[3].trajectory_ids:
+        server.try_start(t, at_step=0)  # a straggler, still running when batch 0 is complete
+    finish_group(core, server, launched[0])
+    out = finish_group(core, server, launched[2])
+    assert BatchReady(0) in out
+    # The admission only decides (it reads the core through a view it cannot act on); the
+    # core drops the surplus on the instance holding it, counts it and never trains it.
+    assert of(Drop, out) == [Drop(1, launched[1].trajectory_ids),
+                             Drop(1, launched[3].trajectory_ids)]
+    assert core.counters.aborted_entries == 2 and core.aborted_ids == [1, 3]
+    assert core.take_batch(0).entries == [0, 2]
+    view = core.admission.view
+    assert not any(hasattr(view, name) for name in ("abort_entry", "extract_entry", "server"))
+    with pytest.raises(AttributeError):
+        view.version = 5
 
 
 def test_token_bucket_with_drop_stale_drops_what_fell_out_of_the_window():

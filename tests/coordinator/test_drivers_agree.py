@@ -1,13 +1,17 @@
-"""One control flow: the live system's core and the simulator's core take the same decisions.
+"""One control flow: a simulated run of a live config takes the live run's decisions.
 
-The core is built (a) as the live system builds it (`core_from_config` on the tiny run config
-of experiments/grpo.py and its baselines) and (b) as the simulator builds it, from the sim
-config the calibration maps that run config to (`Cluster(simulator_config(...)).core`). Both
-are driven by the same seeded script: a fake cluster that applies their commands and reports
-back, with an instance failure, migrations (Extract, then Extracted), aborts (a reward that
-fails, the abort rule, a surplus stopped), and a restart from a checkpoint (state_dicts).
-The command streams must be identical: a policy mapped differently by either builder, or a
-parameter one of them forgets, changes some decision and fails the test.
+Both build their core with one builder from one `coordinator` schema
+(asyncrl/coordinator/build.py, config.py), so what can still tell them apart is the rest of
+the simulator's side: calibrate's mapping of the run config to a sim config (η, lead,
+instances, slots, batch, group), the simulator's own TrajectoryServer (made cheaper, its
+effects unchanged) and its prompt source. A core is built (a) as the live system builds it
+(`core_from_config` on the tiny run config of experiments/grpo.py and its baselines, with the
+live TrajectoryServer) and (b) as a simulated run of that config builds it
+(`Cluster(simulator_config(...)).core`, with its server). Both are driven by the same seeded
+script: a fake cluster that applies their commands and reports back, with an instance
+failure, migrations (Extract, then Extracted), aborts (a reward that fails, the abort rule, a
+surplus stopped), and a restart from a checkpoint (state_dicts). The command streams must be
+identical, for every admission: each takes its own paths through the server.
 """
 
 from __future__ import annotations
@@ -114,9 +118,10 @@ class FakeCluster:
                 events += self._run(i, r)
         for i in range(self.n):
             if i not in self.dead:
-                events.append(InstanceState(i, self.version[i], len(self.running[i]),
-                                            len(self.queued[i]), 10 * len(self.running[i]),
-                                            self.slots, False, self.steps[i]))
+                events.append(InstanceState(
+                    instance=i, version=self.version[i], running=len(self.running[i]),
+                    queued=len(self.queued[i]), kv_tokens=10 * len(self.running[i]),
+                    num_slots=self.slots, syncing=False, decode_steps=self.steps[i]))
         commands = self.core.step(float(r), events)
         self.log += [(r, command) for command in commands]
         for command in commands:
@@ -192,8 +197,7 @@ def drive(build, c) -> list[tuple[int, object]]:
 
 
 def _staleflow(arg):
-    # `max`: the script's aborts and drops need the work in flight that η allows (the
-    # simulator's default is `auto`, so this case also checks that the lead is carried over).
+    # `max`: the script's aborts and drops need the work in flight that η allows.
     from experiments import grpo
     c = grpo.get_config(arg)
     c.staleness.lead = "max"

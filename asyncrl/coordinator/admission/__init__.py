@@ -26,10 +26,14 @@ accept it and ignore it.
 
 Only admissions with `bounded = True` promise V_traj ≤ version ≤ V_traj + η; the core checks
 it on every consume of theirs. The others' staleness is measured, never prevented.
+
+An admission reads the core through a `CoreView` (asyncrl/coordinator/view.py) and never acts
+on it: entries it gives up or hands back go to the core as decisions (`Abort`, `Recycle`,
+returned by `on_scored` or taken by `take_aborted`), which the core applies in its step.
 """
 
 from asyncrl.coordinator.admission.barrier import Barrier
-from asyncrl.coordinator.admission.base import ADMISSIONS, Admission
+from asyncrl.coordinator.admission.base import ADMISSIONS, Abort, Admission, Decision, Recycle
 from asyncrl.coordinator.admission.staleflow import LEADS, StaleFlow, check_lead
 from asyncrl.coordinator.admission.token_bucket import TokenBucket
 from asyncrl.coordinator.admission.verl import Verl
@@ -50,5 +54,5 @@ def build_admission(name: str, *, eta: int, batch_size: int, redundant_batch_siz
     return factory(eta=eta, batch_size=batch_size, **params)
 
 
-__all__ = ["ADMISSIONS", "Admission", "Barrier", "LEADS", "StaleFlow", "TokenBucket", "Verl",
-           "build_admission"]
+__all__ = ["ADMISSIONS", "Abort", "Admission", "Barrier", "Decision", "LEADS", "Recycle",
+           "StaleFlow", "TokenBucket", "Verl", "build_admission"]

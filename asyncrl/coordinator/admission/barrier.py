@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import math
 
-from asyncrl.coordinator.admission.base import ADMISSIONS, CollectiveAdmission, CollectiveUpdate
+from asyncrl.coordinator.admission.base import (ADMISSIONS, Abort, CollectiveAdmission,
+                                                CollectiveUpdate, Decision, Recycle)
 
 
 @ADMISSIONS.register("barrier")
@@ -51,34 +52,35 @@ class Barrier(CollectiveAdmission):
             b += 1
             self.launched[b] = self.launched.get(b, 0) + 1
         self.scored.setdefault(b, []).append(entry)
-        if self._complete(b):
-            self._stop_surplus(b)
+        stopped = self._stop_surplus(b) if self._complete(b) else []
         self._advance()
+        return stopped
 
     def on_aborted(self, entry):
         b = self.owner.pop(entry, None)
         if b is not None:
             self.launched[b] -= 1  # its place is admitted again
 
-    def _stop_surplus(self, b: int) -> None:
+    def _stop_surplus(self, b: int) -> list[Decision]:
         """Batch b has its B entries: the over-sampled rest stop (recycled or aborted)."""
         if self.launching == b:
             self.launching = None
+        stopped: list[Decision] = []
         for entry in sorted(e for e, owner in self.owner.items() if owner == b):
             if self.recycle:
                 self.owner[entry] = b + 1
                 self.launched[b + 1] = self.launched.get(b + 1, 0) + 1
-                self.core.extract_entry(entry)
+                stopped.append(Recycle(entry))
             else:
                 self.owner.pop(entry)
-                self.core.abort_entry(entry)
+                stopped.append(Abort(entry))
+        return stopped
 
     def _advance(self) -> None:
         """Starts whatever the loop allows now: an update, then the next batch's launch."""
-        core = self.core
-        if (loaded := self.update.finish(core)) is not None:
+        if (loaded := self.update.finish(self.view)) is not None:
             self.updated = loaded
-        due = core.latest_version
+        due = self.view.latest_version
         if (self.update.target is None and self.updated < due and self._update_due(due)
                 and (self.eta == 0 or self._complete(due))):
             self.update.begin(due)
@@ -95,13 +97,13 @@ class Barrier(CollectiveAdmission):
 
     def _may_launch(self, b: int) -> bool:
         if self.eta == 0:  # synchronous: batch b is generated with weights b
-            return self.core.version >= b and self.updated >= b
+            return self.view.version >= b and self.updated >= b
         prev = b - 1  # generated while batch b - 1 trains, once any update it needed is done
         return self._complete(prev) and (not self._update_due(prev) or self.updated >= prev)
 
     def ready(self, version):
         self._advance()
-        return (self._complete(version) and self.core.version == version
+        return (self._complete(version) and self.view.version == version
                 and (not self._update_due(version) or self.updated >= version))
 
     def consume(self, version):

@@ -1,26 +1,43 @@
-"""The admission interface every schedule implements, its registry, and the collective
-weight update the baselines share. The schedules themselves are this package's modules."""
+"""The admission interface every schedule implements, its registry, the decisions it hands
+back to the core, and the collective weight update the baselines share. The schedules
+themselves are this package's modules."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import dataclasses
+from typing import Sequence
 
 import numpy as np
 
+from asyncrl.coordinator.view import CoreView
 from asyncrl.registry import Registry
-
-if TYPE_CHECKING:
-    from asyncrl.coordinator.core import Core
 
 ADMISSIONS = Registry("admission")
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Abort:
+    """Give the entry up: its work stops wherever it runs, its place is freed."""
+
+    entry: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Recycle:
+    """Hand the entry's unfinished trajectories back, tokens kept: they finish in a later batch."""
+
+    entry: int
+
+
+Decision = Abort | Recycle
+
+
 class Admission:
     bounded = True  # consumed entries satisfy V_traj ≤ version ≤ V_traj + η (the core checks)
-    core: Core
+    view: CoreView
 
-    def attach(self, core: Core) -> None:
-        self.core = core
+    def attach(self, view: CoreView) -> None:
+        self.view = view
 
     # ---------------------------------------------------------------- dispatch
 
@@ -43,14 +60,17 @@ class Admission:
         StaleFlow's tracks V_traj, so the default is no)."""
         return False
 
-    def on_scored(self, entry: int) -> None:
-        """A group is complete and passed the filters: it waits for a training step."""
+    def on_scored(self, entry: int) -> Sequence[Decision]:
+        """A group is complete and passed the filters: it waits for a training step. Returns
+        what must happen to other entries now (the barrier stops a full batch's surplus)."""
+        return ()
 
     def on_aborted(self, entry: int) -> None:
         """The core gave the entry up (failed reward, no-signal group, dropped as stale)."""
 
     def take_aborted(self) -> list[int]:
-        """Entries this admission gave up on its own since the last call."""
+        """Entries this admission gave up on its own since the last call (in any hook; the
+        core carries each out as an `Abort` before the next event)."""
         return []
 
     # ---------------------------------------------------------------- training
@@ -93,26 +113,26 @@ class CollectiveUpdate:
     def begin(self, version: int) -> None:
         self.target = version
 
-    def syncs(self, core: Core) -> list[int]:
+    def syncs(self, view: CoreView) -> list[int]:
         """Live instances still below the target and not pulling: asked (again) to pull. An
         instance whose pull began before the target was published ends below it."""
         if self.target is None:
             return []
-        cluster = core.cluster
+        cluster = view.cluster
         # Vectorised: asked at every step of an update, and every instance syncs during one.
         below = (cluster.version < self.target) & ~cluster.syncing
-        if core.dead:
-            below[list(core.dead)] = False
+        if view.dead:
+            below[list(view.dead)] = False
         return np.flatnonzero(below).tolist()
 
-    def finish(self, core: Core) -> int | None:
+    def finish(self, view: CoreView) -> int | None:
         """The version loaded, once every live instance holds it (the update is then over)."""
-        target, cluster = self.target, core.cluster
+        target, cluster = self.target, view.cluster
         if target is None:
             return None
         held = (cluster.version >= target) & ~cluster.syncing
-        if core.dead:
-            held[list(core.dead)] = True
+        if view.dead:
+            held[list(view.dead)] = True
         if not held.all():
             return None
         self.target = None
@@ -125,4 +145,4 @@ class CollectiveAdmission(Admission):
     update: CollectiveUpdate
 
     def syncs(self, dirty: list[int]) -> list[int]:
-        return self.update.syncs(self.core)
+        return self.update.syncs(self.view)

@@ -97,7 +97,7 @@ class StaleFlow(Admission):
         """`auto`'s rule (the module's docstring), for a reservable version."""
         entries = self.lead_entries
         buffers = -(-entries // self.sm.redundant_batch_size)
-        return (version >= self.core.latest_version - (buffers - 1)
+        return (version >= self.view.latest_version - (buffers - 1)
                 and not self.sm.covered(entries))
 
     def rebind(self, entry, v_traj):
@@ -110,6 +110,7 @@ class StaleFlow(Admission):
     def on_scored(self, entry):
         self._changing()
         self.sm.occupy(entry)
+        return ()  # the abort rule's entries leave through `take_aborted`
 
     def on_aborted(self, entry):
         self._changing()
@@ -159,8 +160,7 @@ class StaleFlow(Admission):
             self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
 
     def syncs(self, dirty):
-        core, latest = self.core, self.core.latest_version
-        cluster, out = core.cluster, []
+        latest, cluster, out = self.view.latest_version, self.view.cluster, []
         for i in dirty:
             # No sync policy pulls weights it holds or is pulling: skip building the view.
             if cluster.version[i] >= latest or cluster.syncing[i]:

@@ -35,6 +35,7 @@ class TokenBucket(CollectiveAdmission):
         self.in_flight.discard(entry)
         self.accepted += 1
         heapq.heappush(self.buffer, entry)
+        return ()
 
     def on_aborted(self, entry):
         self.in_flight.discard(entry)
@@ -46,7 +47,7 @@ class TokenBucket(CollectiveAdmission):
     def _collect_stale(self, version: int) -> None:
         """ROLL's garbage collection: nothing older than the window trains or keeps running."""
         window = version - self.eta
-        v_traj = self.core.server.v_traj
+        v_traj = self.view.v_traj
         stale = [e for e in self.buffer if v_traj(e) < window]
         if stale:
             self.buffer = [e for e in self.buffer if v_traj(e) >= window]
@@ -57,7 +58,7 @@ class TokenBucket(CollectiveAdmission):
         self._dropped += stale + running
 
     def _check_update(self) -> None:
-        if (loaded := self.update.finish(self.core)) is not None:
+        if (loaded := self.update.finish(self.view)) is not None:
             self.policy_version = loaded
 
     def ready(self, version):

@@ -72,6 +72,7 @@ class Verl(CollectiveAdmission):
         while len(self.queue) > self.max_queue:
             self._dropped.append(self.queue.popleft())
         self._begin_waiting_sync()
+        return ()  # a full queue's oldest leave through `take_aborted`
 
     def on_aborted(self, entry):
         self.in_flight.discard(entry)
@@ -87,7 +88,7 @@ class Verl(CollectiveAdmission):
             self.waiting_sync = None
 
     def _check_update(self) -> None:
-        if self.update.finish(self.core) is not None:
+        if self.update.finish(self.view) is not None:
             self.paused = False
             self.quota = self.budget - (len(self.in_flight) + len(self.queue))
             self.produced = 0
@@ -108,7 +109,7 @@ class Verl(CollectiveAdmission):
         if version % self.k:
             return  # a local update: the instances keep their weights
         self.paused = True
-        if self.core.partial_rollout or not self.in_flight:
+        if self.view.partial_rollout or not self.in_flight:
             self.update.begin(version)
         else:
             self.waiting_sync = version
