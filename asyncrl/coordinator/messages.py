@@ -5,6 +5,7 @@ here: they live in the TrajectoryServer, which instances write to and the traine
 
 Events (what happened; a driver feeds them to `Core.step(now, events)`):
   InstanceState  an instance's snapshot: version, slots in use, queue, KV cache, decode steps
+                 (`asyncrl.records`: the record the instance itself reports, passed on as is)
   Finished       an instance finished generating these trajectories (already in the server)
   Scored         a reward for one trajectory (or the reason it could not be scored)
   Extracted      an instance handed these trajectories back, partial (migration, recycling)
@@ -28,21 +29,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from asyncrl.records import InstanceState
 
 # ---------------------------------------------------------------------------- events
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class InstanceState:
-    instance: int
-    version: int  # the weights new work is generated with (the one being pulled, while syncing)
-    running: int  # trajectories in decode slots
-    queued: int  # trajectories routed here, waiting for a slot
-    kv_tokens: int  # tokens held in the KV cache by running trajectories
-    num_slots: int
-    syncing: bool  # a pull is pending or in progress
-    decode_steps: int = 0  # decode steps run so far: how far running trajectories got
-    kv_capacity: int = 0  # KV-cache tokens the engine can hold; 0: not limited (or unknown)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -22,10 +22,11 @@ from typing import Any, Callable, Sequence
 from asyncrl.coordinator.core import Core
 from asyncrl.coordinator.records import Batch
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
-                                          Extracted, Failed, Finished, InstanceState, Published,
+                                          Extracted, Failed, Finished, Published,
                                           Rejoined, RejoinFailed, Score, Scored, Sync, Synced)
+from asyncrl.records import Trajectory
 from asyncrl.rollout.instance import RolloutInstance
-from asyncrl.rollout.messages import InstanceFailed, Trajectory, Work
+from asyncrl.rollout.messages import InstanceFailed, Work
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.servers.trajectory import TrajectoryServer
 
@@ -41,7 +42,9 @@ class BatchTimeout(TimeoutError):
 
 
 class _Reporter:
-    """What instances tell the coordinator, as core events on the driver's queue."""
+    """The threaded driver's `asyncrl.records.EventSink`: what instances tell the coordinator,
+    as core events on the driver's queue; and what the driver's Rejoiner tells it of the
+    instances it restarts (`rejoined`, `rejoin_failed`)."""
 
     def __init__(self, events: queue.Queue):
         self._events = events
@@ -159,11 +162,9 @@ class ThreadedDriver:
             events.append(Scored(t, outcome.reward if outcome.ok else None,
                                  "" if outcome.ok else str(outcome.error)))
         for instance in self.instances:
-            s = instance.snapshot()
-            if s.alive:
-                events.append(InstanceState(instance.id, s.version, s.running, s.queued,
-                                            s.kv_tokens, s.num_slots, s.syncing, s.decode_steps,
-                                            s.kv_capacity))
+            state = instance.snapshot()
+            if state.alive:
+                events.append(state)
         return events
 
     def _apply(self, commands: Sequence[Command]) -> None:
@@ -185,7 +186,7 @@ class ThreadedDriver:
                 raise TypeError(f"not a coordinator command: {command!r}")
 
     def _dispatch(self, command: Dispatch) -> None:
-        work = Work([to_engine_trajectory(self.server.record(t)) for t in command.trajectory_ids])
+        work = Work([Trajectory.of(self.server.record(t)) for t in command.trajectory_ids])
         try:
             self.instances[command.instance].submit(work)
         except InstanceFailed as error:
@@ -193,8 +194,3 @@ class ThreadedDriver:
             log.warning("%s", error)
             self.events.put(Failed(command.instance, str(error)))
 
-
-def to_engine_trajectory(record) -> Trajectory:
-    """The engine's view of a server record: enough to start it, or resume it by re-prefilling."""
-    return Trajectory(record.trajectory_id, record.prompt, record.max_new_tokens,
-                      record.tokens, record.logprobs, record.policy_logprobs, record.versions)

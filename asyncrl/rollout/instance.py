@@ -15,8 +15,9 @@ to it:
                     at_step)` before a trajectory runs, `report(id, tokens, logprobs,
                     policy_logprobs, versions, finish_reason)` when it stops (finish_reason
                     None: interrupted, to resume elsewhere);
-  reporter          what it tells the coordinator: `finished`, `extracted`, `failed`, `synced`
-                    (cheap and thread-safe: a queue put).
+  reporter          what it tells the coordinator: an `asyncrl.records.EventSink`
+                    (`finished`, `extracted`, `failed`, `synced`), as a simulated one does.
+Its state, `snapshot()`, is the one `asyncrl.records.InstanceState` the coordinator takes.
 The driver calls `submit` and the `request_*` methods from its own thread.
 
 The instance composes the engine (device state: prefill, insert, generate, weights an argument
@@ -31,8 +32,9 @@ import threading
 import time
 from typing import Any, Callable, Protocol, Sequence
 
+from asyncrl.records import EventSink, InstanceState
 from asyncrl.rollout.engine import Engine
-from asyncrl.rollout.messages import InstanceFailed, Snapshot, Trajectory, Work
+from asyncrl.rollout.messages import InstanceFailed, Trajectory, Work
 from asyncrl.rollout.slots import Slots
 
 log = logging.getLogger(__name__)
@@ -45,17 +47,10 @@ class TrajectorySink(Protocol):
                finish_reason: str | None) -> bool: ...
 
 
-class Reporter(Protocol):
-    def finished(self, instance: int, trajectory_ids: tuple[int, ...]) -> None: ...
-    def extracted(self, instance: int, trajectory_ids: tuple[int, ...]) -> None: ...
-    def failed(self, instance: int, error: BaseException) -> None: ...
-    def synced(self, instance: int, version: int) -> None: ...
-
-
 class RolloutInstance:
     def __init__(self, instance_id: int, engine: Engine,
                  pull: Callable[[int], tuple[int, Any] | None], sink: TrajectorySink,
-                 reporter: Reporter, partial_rollout: bool = True, preemption: str = "newest"):
+                 reporter: EventSink, partial_rollout: bool = True, preemption: str = "newest"):
         self.id = instance_id
         self.partial_rollout = partial_rollout
         self.engine = engine
@@ -81,7 +76,7 @@ class RolloutInstance:
         self._prefill_tokens = 0
         self._prefill_s = 0.0
         self._preemptions = 0
-        self._snapshot = Snapshot(-1, 0, 0, 0, engine.num_slots, False, True, 0.0)
+        self._snapshot = InstanceState.starting(instance_id, engine.num_slots)
         self._thread = threading.Thread(target=self._run, name=f"rollout-{instance_id}", daemon=True)
 
     # ---------------------------------------------------------------- driver side
@@ -102,7 +97,7 @@ class RolloutInstance:
         """The version new work would be generated with (the weights applied now)."""
         return self._version
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> InstanceState:
         with self._lock:
             return self._snapshot
 
@@ -274,8 +269,11 @@ class RolloutInstance:
             capacity = self.engine.num_slots * self.engine.max_len
         else:  # the pool's real use, in token positions (shared prompt pages counted once)
             kv, capacity = pages_used * self.engine.page_size, pages * self.engine.page_size
-        self._snapshot = Snapshot(
-            self._version, len(slots), sum(len(w.trajectories) for w in self._queue), kv,
-            self.engine.num_slots, self._syncing, self._alive, self._idle_s, self._decode_steps,
-            self._decode_s, self._prefill_tokens, self._prefill_s, capacity, pages_used, pages,
-            self._preemptions)
+        self._snapshot = InstanceState(
+            instance=self.id, version=self._version, running=len(slots),
+            queued=sum(len(w.trajectories) for w in self._queue), kv_tokens=kv,
+            num_slots=self.engine.num_slots, syncing=self._syncing, alive=self._alive,
+            decode_steps=self._decode_steps, kv_capacity=capacity, idle_s=self._idle_s,
+            decode_s=self._decode_s, prefill_tokens=self._prefill_tokens,
+            prefill_s=self._prefill_s, kv_pages_used=pages_used, kv_pages=pages,
+            preemptions=self._preemptions)

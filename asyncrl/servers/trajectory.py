@@ -21,24 +21,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from asyncrl.records import Trajectory
 from asyncrl.staleness import IllegalTransition, LifecycleTracker, TrajectoryState
 
 _S = TrajectoryState
 _STATE_FORMAT = 1
 
 
-@dataclasses.dataclass
-class TrajectoryRecord:
-    trajectory_id: int
+# The payload is the engine's own record (`asyncrl.records.Trajectory`), extended, not copied
+# field by field: a field added to the payload reaches the engine, the server and a resume.
+@dataclasses.dataclass(kw_only=True)
+class TrajectoryRecord(Trajectory):
     entry_id: int
     prompt_id: int
-    prompt: np.ndarray  # [P] int32
-    max_new_tokens: int
-    tokens: list[int] = dataclasses.field(default_factory=list)
-    logprobs: list[float] = dataclasses.field(default_factory=list)  # behaviour policy
-    policy_logprobs: list[float] = dataclasses.field(default_factory=list)  # temperature 1
-    versions: list[int] = dataclasses.field(default_factory=list)  # weight version per token
-    finish_reason: str | None = None
     reward: float | None = None
     instance: int | None = None  # where it runs or last ran
     # The instance's decode-step count when it last started running: with the instance's
@@ -79,7 +74,8 @@ class TrajectoryServer:
             self._next_trajectory_id += group_size
             for trajectory_id in ids:
                 self._records[trajectory_id] = TrajectoryRecord(
-                    trajectory_id, entry_id, prompt_id, prompt_array, max_new_tokens)
+                    trajectory_id=trajectory_id, entry_id=entry_id, prompt_id=prompt_id,
+                    prompt=prompt_array, max_new_tokens=max_new_tokens)
                 self._lifecycle.add(trajectory_id)
             self._groups[entry_id] = _Group(prompt_id, v_traj, ids)
             return ids
@@ -173,10 +169,7 @@ class TrajectoryServer:
     def record(self, trajectory_id: int) -> TrajectoryRecord:
         """A copy of the trajectory as it stands (safe to read while it keeps growing)."""
         with self._lock:
-            r = self._records[trajectory_id]
-            return dataclasses.replace(r, tokens=list(r.tokens), logprobs=list(r.logprobs),
-                                       policy_logprobs=list(r.policy_logprobs),
-                                       versions=list(r.versions))
+            return self._records[trajectory_id].copy()
 
     def state(self, trajectory_id: int) -> TrajectoryState:
         return self._lifecycle.state(trajectory_id)
@@ -359,8 +352,10 @@ class TrajectoryServer:
                 if p0 + pn > len(arrays["prompts"]) or t0 + tn > len(arrays["tokens"]):
                     raise ValueError(f"trajectory {m['trajectory_id']} points past the saved arrays")
                 record = TrajectoryRecord(
-                    m["trajectory_id"], m["entry_id"], m["prompt_id"],
-                    np.asarray(arrays["prompts"][p0:p0 + pn], np.int32), m["max_new_tokens"],
+                    trajectory_id=m["trajectory_id"], entry_id=m["entry_id"],
+                    prompt_id=m["prompt_id"],
+                    prompt=np.asarray(arrays["prompts"][p0:p0 + pn], np.int32),
+                    max_new_tokens=m["max_new_tokens"],
                     tokens=arrays["tokens"][t0:t0 + tn].tolist(),
                     logprobs=arrays["logprobs"][t0:t0 + tn].tolist(),
                     policy_logprobs=arrays["policy_logprobs"][t0:t0 + tn].tolist(),

@@ -26,19 +26,19 @@ from __future__ import annotations
 import time
 
 from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted,
-                                          Finished, InstanceState, Published, Score, Scored,
-                                          Sync, Synced)
+                                          Failed, Finished, Published, Score, Scored, Sync,
+                                          Synced)
 from asyncrl.coordinator.redundancy import build_redundancy
 from asyncrl.sim.build import batch_size, core_from_sim_config, num_slots
 from asyncrl.sim.config import label_of, window
 from asyncrl.sim.events import EventLoop
-from asyncrl.sim.instance import DONE, GONE, PREEMPTED, QUEUED, RUNNING, SimInstance, Traj
+from asyncrl.sim.instance import (DONE, GONE, NO_TOKENS, PREEMPTED, QUEUED, RUNNING, SimInstance,
+                                  Traj)
 from asyncrl.sim.metrics import CoordTimer, Metrics, Result
 from asyncrl.sim.profile import Profile
 from asyncrl.sim.prompts import SimPrompts
 from asyncrl.sim.server import SimTrajectoryServer
 
-_NO_TOKENS = ()
 _MAX_STEPS_PER_INSTANT = 1000  # commands and events answering each other without end: a bug
 
 
@@ -141,30 +141,54 @@ class Cluster:
             self._finished = {}
         if changed:
             for i in (changed if len(changed) == 1 else sorted(changed)):
-                inst = changed[i]
-                events.append(InstanceState(i, inst.version, inst.n, inst.nq, inst.kv,
-                                            inst.slots, inst.syncing, inst.steps, inst.kv_report))
+                events.append(changed[i].snapshot())
             self._changed = {}
         return events
 
     # ---------------------------------------------------------------- what instances report
+    # The cluster is its instances' `asyncrl.records.EventSink`, as the threaded driver's
+    # reporter is a live instance's: `finished`, `extracted`, `synced`, `failed`.
+
+    def finished(self, instance: int, trajectory_ids) -> None:
+        # Kept even when the server took none of them: the instance's step is still news.
+        ids = self._finished.get(instance)
+        if ids is None:
+            ids = self._finished[instance] = []
+        ids.extend(trajectory_ids)
+
+    def extracted(self, instance: int, trajectory_ids) -> None:
+        self._events.append(Extracted(instance, tuple(trajectory_ids)))
+
+    def synced(self, instance: int, version: int) -> None:
+        self._events.append(Synced(instance, version))
+
+    def failed(self, instance: int, error: BaseException, rejoining: bool = False) -> None:
+        # No simulated instance fails today; a fault model would report here, as a live one.
+        self._events.append(Failed(instance, f"{type(error).__name__}: {error}", rejoining))
 
     def changed(self, inst: SimInstance) -> None:
+        """Its state changed: the core gets its snapshot with this instant's events."""
         self._changed[inst.idx] = inst
 
-    def finished(self, inst: SimInstance, trajs: list[Traj]) -> None:
-        ids = self._finished.get(inst.idx)
-        if ids is None:
-            ids = self._finished[inst.idx] = []
-        report = self.server.report
-        for traj in trajs:
-            self.metrics.generated_tokens += traj.target
-            # False: its entry was aborted meanwhile (a Drop is on its way).
-            if report(traj.id, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, "length"):
-                ids.append(traj.id)
+    def consumed(self, batch) -> tuple[int, int]:
+        """Forgets a trained batch's trajectories; returns its (tokens, response tokens)."""
+        self._poke = True  # consuming frees the admission: the core may dispatch at once
+        response_tokens = tokens = 0
+        for entry, records in zip(batch.entries, batch.groups):
+            self._rewarding.pop(entry, None)
+            kept = {r.trajectory_id for r in records}
+            for traj in self.members.pop(entry):
+                if traj.id in kept:
+                    response_tokens += traj.target
+                    tokens += traj.prompt + traj.target
+                    self.trajs.pop(traj.id, None)
+                else:  # group redundancy's surplus, dropped when the group completed
+                    self._waste(traj)
+        return tokens, response_tokens
 
-    def synced(self, inst: SimInstance, version: int) -> None:
-        self._events.append(Synced(inst.idx, version))
+    def published(self, version: int) -> None:
+        self.latest_version = version
+        self._events.append(Published(version))
 
     def _to_reward(self, ids: list[int], now: float) -> None:
         """The profile's reward model: a group is scored `reward_latency_s` after its N-th
@@ -260,10 +284,10 @@ class Cluster:
             running = traj.state in (RUNNING, PREEMPTED)  # the server has both running
             if inst.remove(traj, now):  # False: it finished on its last step meanwhile
                 if running:  # a queued one never started: the server still has it ROUTED
-                    self.server.report(t, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, _NO_TOKENS, None)
+                    self.server.report(t, NO_TOKENS, NO_TOKENS, NO_TOKENS, NO_TOKENS, None)
                 handed.append(t)
         if handed:
-            self._events.append(Extracted(inst.idx, tuple(handed)))
+            self.extracted(inst.idx, handed)
 
     def _drop(self, command: Drop) -> None:
         for t in command.trajectory_ids:
@@ -318,19 +342,8 @@ class SimTrainer:
             batch = core.take_batch(core.version) if core.batch_ready(core.version) else None
         if batch is None:
             return
-        cl._poke = True  # consuming frees the admission: the core may dispatch at once
         self.busy = True
-        response_tokens = tokens = 0
-        for entry, records in zip(batch.entries, batch.groups):
-            cl._rewarding.pop(entry, None)
-            kept = {r.trajectory_id for r in records}
-            for traj in cl.members.pop(entry):
-                if traj.id in kept:
-                    response_tokens += traj.target
-                    tokens += traj.prompt + traj.target
-                    cl.trajs.pop(traj.id, None)
-                else:  # group redundancy's surplus, dropped when the group completed
-                    cl._waste(traj)
+        tokens, response_tokens = cl.consumed(batch)
         cl.loop.after(cl.profile.train_s(tokens, self.gpus), self._trained, batch.version,
                       response_tokens, batch.staleness)
 
@@ -345,7 +358,5 @@ class SimTrainer:
         cl.loop.after(cl.transfer_s, self._pushed, version + 1)
 
     def _pushed(self, version: int) -> None:
-        cl = self.cluster
-        cl.latest_version = version
-        cl._events.append(Published(version))
+        self.cluster.published(version)
         self.busy = False

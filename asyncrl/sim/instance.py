@@ -1,6 +1,6 @@
 """A simulated rollout instance: continuous batching under the step-latency model.
 
-The instance keeps aggregate state only: `n` running trajectories, `kv` KV-cache tokens, a
+The instance keeps aggregate state only: `num_running` trajectories, `kv_tokens` in the cache, a
 decode-step counter, and a heap of the step at which each running trajectory finishes. It
 never simulates single tokens: between two events the batch is fixed, so the time of k
 steps has a closed form (`LatencyModel.chunk_time`), and the next event of an instance is
@@ -16,7 +16,8 @@ It applies what the core asks, as a live `RolloutInstance` does: it starts queue
 free slots (oldest V_traj first) through the TrajectoryServer's `try_start`, reports finished
 and interrupted trajectories through `report`, pulls weights between two decode steps (with
 partial rollout off, only once its running trajectories have finished, starting nothing new
-meanwhile), and tells the cluster whenever its state changed, which becomes an InstanceState.
+meanwhile). Its events go to the cluster, the `asyncrl.records.EventSink` a live instance
+reports to as well; when its state changed it says so, and the cluster takes its `snapshot()`.
 
 With a KV capacity (the profile's `instance.kv_capacity_tokens`) it behaves as vLLM's
 scheduler with recompute preemption: a queued sequence starts only if its prompt and tokens
@@ -33,12 +34,14 @@ import heapq
 import math
 
 from asyncrl.coordinator.routing import PendingQueue
+from asyncrl.records import InstanceState
 
 # Where a simulated trajectory is (the server's lifecycle has more states, e.g. REWARDED).
 # GONE: dropped, its tokens counted as wasted. PREEMPTED: evicted by the engine for KV space,
 # started as far as the server knows, waiting on this instance to be re-prefilled.
 HELD, QUEUED, RUNNING, DONE, GONE, PREEMPTED = range(6)
 _WATERMARK = 0.01  # vLLM keeps 1% of the KV blocks free when it admits a sequence
+NO_TOKENS = ()  # a simulated report carries none: tokens are counted, not simulated
 
 
 class Traj:
@@ -89,9 +92,9 @@ class SimInstance:
         self.loading = False  # weights are being transferred
         self.clock = 0.0
         self.steps = 0
-        self.n = 0
-        self.kv = 0.0
-        self.nq = 0
+        self.num_running = 0
+        self.kv_tokens = 0.0
+        self.num_queued = 0
         self.heap: list[tuple[int, int, Traj]] = []
         self.running: dict[int, Traj] = {}
         self.queue = PendingQueue()  # oldest V_traj first; stale entries skipped on pop
@@ -109,22 +112,22 @@ class SimInstance:
         """Advances the state to the first step boundary at or after `now`."""
         if self.clock >= now:
             return
-        if self.n == 0:
+        if self.num_running == 0:
             self.clock = now
             return
         elapsed = now - self.clock
-        j = min(self.model.steps_within(self.n, self.kv, elapsed), self.planned)
-        if j < self.planned and self.model.chunk_time(self.n, self.kv, j) < elapsed:
+        j = min(self.model.steps_within(self.num_running, self.kv_tokens, elapsed), self.planned)
+        if j < self.planned and self.model.chunk_time(self.num_running, self.kv_tokens, j) < elapsed:
             j += 1  # the step in progress completes with the batch it started with
         if j:
             self._advance(j)  # the caller commits: freed slots are refilled there
 
     def _advance(self, j: int) -> None:
         """Runs j decode steps of the current batch, finishing the trajectories due."""
-        n = self.n
-        self.clock += self.model.chunk_time(n, self.kv, j)
+        n = self.num_running
+        self.clock += self.model.chunk_time(n, self.kv_tokens, j)
         steps = self.steps = self.steps + j
-        self.kv += n * j
+        self.kv_tokens += n * j
         self.planned -= j
         heap = self.heap
         if not heap or heap[0][0] > steps:
@@ -140,10 +143,17 @@ class SimInstance:
             traj.gen = traj.target
             traj.inst = None
             del running[traj.id]
-            self.kv -= traj.prompt + traj.target
+            self.kv_tokens -= traj.prompt + traj.target
             finished.append(traj)
-        self.n -= len(finished)
-        self.cluster.finished(self, finished)
+        self.num_running -= len(finished)
+        ids = []
+        report = self.server.report
+        for traj in finished:
+            self.metrics.generated_tokens += traj.target
+            # False: its entry was aborted meanwhile (a Drop is on its way).
+            if report(traj.id, NO_TOKENS, NO_TOKENS, NO_TOKENS, NO_TOKENS, "length"):
+                ids.append(traj.id)
+        self.cluster.finished(self.idx, ids)
 
     def _on_chunk_end(self, plan: int) -> None:
         if plan != self.plan:
@@ -157,31 +167,31 @@ class SimInstance:
         while heap and (heap[0][2].state != RUNNING or heap[0][2].inst is not self
                         or heap[0][2].finish_step != heap[0][0]):
             heapq.heappop(heap)
-        if self.n == 0:
+        if self.num_running == 0:
             self.planned = 0
             return
-        if self.kv + self.n > self.kv_cap:
+        if self.kv_tokens + self.num_running > self.kv_cap:
             self._preempt()
-            if self.n == 0:
+            if self.num_running == 0:
                 self.planned = 0
                 return
         self.planned = heap[0][0] - self.steps
         if self.kv_cap < math.inf:  # the chunk ends where the cache would overflow
-            self.planned = min(self.planned, max(1, int((self.kv_cap - self.kv) // self.n)))
-        end = self.clock + self.model.chunk_time(self.n, self.kv, self.planned)
+            self.planned = min(self.planned, max(1, int((self.kv_cap - self.kv_tokens) // self.num_running)))
+        end = self.clock + self.model.chunk_time(self.num_running, self.kv_tokens, self.planned)
         self.loop.at(end, self._on_chunk_end, self.plan)
 
     def _preempt(self) -> None:
         """Evicts the youngest running sequences until one more step fits (a lone sequence
         larger than the cache runs on: it would otherwise never finish)."""
         running, front = self.running, self.front
-        while self.n > 1 and self.kv + self.n > self.kv_cap:
+        while self.num_running > 1 and self.kv_tokens + self.num_running > self.kv_cap:
             _, traj = running.popitem()  # the last started: vLLM's lowest priority
             traj.gen += self.steps - traj.base_step
             traj.state = PREEMPTED
-            self.n -= 1
-            self.nq += 1
-            self.kv -= traj.prompt + traj.gen
+            self.num_running -= 1
+            self.num_queued += 1
+            self.kv_tokens -= traj.prompt + traj.gen
             front.appendleft(traj)
             self.metrics.preemptions += 1
         heap = self.heap
@@ -195,19 +205,20 @@ class SimInstance:
         """Routes a trajectory here; it waits for a slot (call `commit` after a batch)."""
         traj.state = QUEUED
         traj.inst = self
-        if self.nq == len(self.direct) and self.n + self.nq < self.slots:
+        if self.num_queued == len(self.direct) and self.num_running + self.num_queued < self.slots:
             self.direct.append(traj)
         else:
             self.queue.push(traj, traj.v_traj)
-        self.nq += 1
+        self.num_queued += 1
 
     def _fill(self, now: float) -> None:
         """Moves queued work into free slots, oldest V_traj first, and charges its prefill."""
-        if self.nq == 0 or self.n >= self.slots or self.waiting_pull:
+        if self.num_queued == 0 or self.num_running >= self.slots or self.waiting_pull:
             return
         self.settle(now)
         prefill = 0
         resumed = 0
+        prompts_prefilled = set()  # entries: a group's members starting together share one
         version = self.version
         direct, self.direct = self.direct, []
         queue = self.queue
@@ -216,14 +227,14 @@ class SimInstance:
         front = self.front
         try_start = self.server.try_start
         v_traj_of = self.server.v_traj
-        while self.n < self.slots and self.nq:
+        while self.num_running < self.slots and self.num_queued:
             traj = front.popleft() if front else direct.pop() if direct else queue.pop()
             if traj.inst is not self or traj.state not in (QUEUED, PREEMPTED):
                 continue
-            if self.n and self.kv + traj.prompt + traj.gen + self.n + 1 > self.kv_admit:
+            if self.num_running and self.kv_tokens + traj.prompt + traj.gen + self.num_running + 1 > self.kv_admit:
                 front.appendleft(traj)  # first come first served: nothing overtakes it
                 break
-            self.nq -= 1
+            self.num_queued -= 1
             if traj.state == PREEMPTED:
                 pass  # started before: the server has it running here
             elif not try_start(traj.id, self.steps):
@@ -241,10 +252,16 @@ class SimInstance:
             running[traj.id] = traj
             self._pushes += 1
             heapq.heappush(heap, (traj.finish_step, self._pushes, traj))
-            self.n += 1
+            self.num_running += 1
             tokens = traj.prompt + traj.gen
-            self.kv += tokens
-            prefill += tokens
+            self.kv_tokens += tokens
+            if traj.gen:  # a resume prefills its own prompt and tokens so far
+                prefill += tokens
+            elif traj.entry not in prompts_prefilled:
+                # The engine prefills a group's prompt once and fans it out to the members it
+                # starts with it (asyncrl/rollout/slots.py: Slots.start).
+                prompts_prefilled.add(traj.entry)
+                prefill += traj.prompt
             resumed += traj.gen
         for traj in direct:  # cannot happen (direct work fits by construction); kept safe
             if traj.state == QUEUED and traj.inst is self:
@@ -264,12 +281,12 @@ class SimInstance:
                 return False
             traj.gen = self.steps - traj.base_step + traj.gen
             del self.running[traj.id]
-            self.n -= 1
-            self.kv -= traj.prompt + traj.gen
+            self.num_running -= 1
+            self.kv_tokens -= traj.prompt + traj.gen
         elif traj.state == QUEUED:
-            self.nq -= 1
+            self.num_queued -= 1
         elif traj.state == PREEMPTED:
-            self.nq -= 1
+            self.num_queued -= 1
             self.front.remove(traj)
         else:
             return False
@@ -300,16 +317,16 @@ class SimInstance:
         if version <= self.version:  # nothing newer: done, or done when the transfer is
             if not self.loading:
                 self.syncing = False
-                cluster.synced(self, self.version)
+                cluster.synced(self.idx, self.version)
             return
         self.version = version
         self.loading = True
         start = max(self.clock, now)
         loaded = start + cluster.transfer_s
         stall = cluster.transfer_s
-        if cluster.reprefill and self.n:
-            stall += self.prefill_s * self.kv
-            self.metrics.reprefill_tokens += self.kv
+        if cluster.reprefill and self.num_running:
+            stall += self.prefill_s * self.kv_tokens
+            self.metrics.reprefill_tokens += self.kv_tokens
         self.clock = start + stall
         self.pull_id += 1
         self.metrics.pulls += 1
@@ -320,20 +337,26 @@ class SimInstance:
             return  # a later pull extended the stall; its own event ends it
         self.syncing = self.loading = False
         self.cluster.changed(self)
-        self.cluster.synced(self, self.version)
+        self.cluster.synced(self.idx, self.version)
 
     def commit(self, now: float) -> None:
         """After routing, removals or a sync request: start a pull that waited for running
         work to finish, fill free slots, re-plan, and tell the cluster the state changed."""
         if self.waiting_pull:
             self.settle(now)
-            if self.n == 0:
+            if self.num_running == 0:
                 self._pull(now)
-        if self.nq and self.n < self.slots:
+        if self.num_queued and self.num_running < self.slots:
             self._fill(now)
         self.replan()
-        self.cluster._changed[self.idx] = self
+        self.cluster.changed(self)
+
+    def snapshot(self) -> InstanceState:
+        return InstanceState(instance=self.idx, version=self.version, running=self.num_running,
+                             queued=self.num_queued, kv_tokens=self.kv_tokens,
+                             num_slots=self.slots, syncing=self.syncing, decode_steps=self.steps,
+                             kv_capacity=self.kv_report)
 
     @property
     def load(self) -> int:
-        return self.n + self.nq
+        return self.num_running + self.num_queued

@@ -28,10 +28,11 @@ from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.distributed.rollouts import WeightPublisher
 from asyncrl.distributed.transport import (TransportMismatch, TransportTimeout, WeightHandle,
                                            make_receiver, make_sender, pull_watched)
-from asyncrl.drivers.threaded import _Reporter, to_engine_trajectory
+from asyncrl.drivers.threaded import _Reporter
 from asyncrl.metrics import read_metrics
 from asyncrl.model import ShardingRules, graphdef_for, shardings_for
 from asyncrl.policy import load_policy
+from asyncrl.records import Trajectory
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Work
@@ -144,7 +145,7 @@ def generate(instance_factory, c, prompts):
         ids = server.add_group(entry, entry, prompt, c.rollout.group_size, c.rollout.max_new_tokens, 0)
         for t in ids:
             server.route(t, 0)
-        instance.submit(Work([to_engine_trajectory(server.record(t)) for t in ids]))
+        instance.submit(Work([Trajectory.of(server.record(t)) for t in ids]))
         all_ids += ids
     try:
         wait_finished(events, all_ids, 180, type(instance).__name__)

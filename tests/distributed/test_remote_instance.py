@@ -7,7 +7,8 @@ import queue
 from asyncrl.coordinator.messages import Extracted, Finished, Synced
 from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.drivers.threaded import _Reporter
-from asyncrl.rollout.messages import Snapshot, Trajectory, Work
+from asyncrl.records import InstanceState
+from asyncrl.rollout.messages import Trajectory, Work
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import TrajectoryState
 
@@ -105,7 +106,9 @@ def test_the_snapshot_counts_what_the_actor_has_not_applied_yet():
     remote.request_sync()
     snapshot = remote.snapshot()
     assert (snapshot.queued, snapshot.syncing) == (3, True)
-    remote._snapshot = Snapshot(0, 0, 3, 0, 8, False, True, 0.0)  # the actor's, after seq 1
+    # the actor's, after seq 1
+    remote._snapshot = InstanceState(instance=1, version=0, running=0, queued=3, kv_tokens=0,
+                                     num_slots=8, syncing=False)
     del remote._unacked[1]
     snapshot = remote.snapshot()
     assert (snapshot.queued, snapshot.syncing) == (3, True)  # the sync (seq 2) is still pending

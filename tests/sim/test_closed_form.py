@@ -1,7 +1,8 @@
 """Constant lengths, η = 0, one instance: the simulated throughput is the closed-form value.
 
 Every response has P prompt and L response tokens; the B·N responses of a step run as one
-batch of n = B·N. One step then takes, in order: prefill of n·P tokens, L decode steps
+batch of n = B·N. One step then takes, in order: prefill of B·P tokens (a group's members
+share their prompt's prefill, as in the engine), L decode steps
 (step i reads n·(P + i) KV tokens), the reward latency, the training step, and two weight
 transfers: the trainer's push to the parameter server, then the instance's pull (asked for
 by the sync policy for StaleFlow, by the barrier's collective update for `sync`). The sum is
@@ -21,7 +22,7 @@ P, L, B, N = 32, 300, 4, 4
 def step_period(profile: Profile, transfers: int) -> float:
     lat = profile.latency
     n = B * N
-    prefill = lat.prefill_s_per_token * n * P
+    prefill = lat.prefill_s_per_token * B * P
     decode = sum(lat.a + lat.b * n * (P + i) + max(lat.c, lat.d + lat.e * n) for i in range(L))
     tokens = n * (P + L)
     train = profile.step_overhead_s + tokens * profile.gpu_s_per_token / 4.0  # 4 GPUs/instance
