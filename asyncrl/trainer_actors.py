@@ -15,7 +15,12 @@ A follower runs what a process started by hand runs: `initialize` with its id, t
 which in a process > 0 checks its devices and calls `follow_group` until the lead says stop.
 Its relative paths (the workdir, a checkpoint folder) are the driver's: it works in the
 driver's directory, which on other hosts must exist there too (a shared filesystem, as the
-checkpoints of any trainer group need).
+checkpoints of any trainer group need). That is checked before the group forms: process 0
+writes a file in the workdir and every follower must read it back, else the run stops with
+one error naming the workdir, the follower and the requirement (`SharedWorkdirError`):
+host-local workdirs would each hold some processes' shards of a checkpoint, and a resume
+would pick steps no process agrees on. A `scheme://` workdir (a bucket) is passed as it is
+and not checked here.
 
 The end: the driver waits for each follower's `follow` (distributed.stop_timeout_s, naming the
 actor), then the group leaves jax.distributed together (its shutdown is a barrier over every
@@ -30,11 +35,18 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
 
+from asyncrl.errors import UserError
+
 log = logging.getLogger(__name__)
+
+
+class SharedWorkdirError(UserError, RuntimeError):
+    """A follower does not see the workdir process 0 writes: it is not one shared folder."""
 
 
 class TrainerFollower:
@@ -48,6 +60,14 @@ class TrainerFollower:
         import ray
 
         return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+
+    def sees(self, path: str, content: str) -> bool:
+        """Whether the file process 0 wrote at `path` is here, as it wrote it."""
+        try:
+            with open(path) as f:
+                return f.read() == content
+        except OSError:
+            return False
 
     def follow(self, config, workdir: str, group, cwd: str) -> None:
         """Joins the group as process `group.process_id` and follows process 0 until it says
@@ -217,7 +237,8 @@ def form_group(c, workdir: str) -> Group:
                     f"started within distributed.start_timeout_s = {d.start_timeout_s} s: does "
                     f"the Ray cluster have a node with {resources} free?") from None
             followers.append(Follower(i, actor, info))
-        absolute = os.path.abspath(workdir)
+        absolute = workdir if "://" in workdir else os.path.abspath(workdir)
+        check_shared_workdir(absolute, followers, n, d.start_timeout_s)
         for f in followers:
             f.ref = f.actor.follow.remote(c, absolute, GroupSettings(address, n, f.index),
                                           os.getcwd())
@@ -233,6 +254,31 @@ def form_group(c, workdir: str) -> Group:
         cluster.close()
         raise
     return Group(n, followers, cluster, d.stop_timeout_s)
+
+
+def check_shared_workdir(workdir: str, followers: list[Follower], n: int, timeout_s: float) -> None:
+    """Raises SharedWorkdirError unless every follower reads back a file written here in
+    `workdir` (see the module docstring); a `scheme://` workdir is not checked."""
+    import ray
+
+    if "://" in workdir:
+        return
+    os.makedirs(workdir, exist_ok=True)
+    content = secrets.token_hex(16)
+    path = os.path.join(workdir, f".trainer-group-{content[:8]}")
+    with open(path, "w") as f:
+        f.write(content)
+    try:
+        seen = ray.get([f.actor.sees.remote(path, content) for f in followers], timeout=timeout_s)
+    finally:
+        os.remove(path)
+    for follower, ok in zip(followers, seen):
+        if not ok:
+            raise SharedWorkdirError(
+                f"trainer group: the workdir {workdir} is not shared: {follower.name(n)} does "
+                f"not see the file process 0 wrote there. Every process of a trainer group "
+                f"saves and restores its shards of one checkpoint in the workdir, so it must be "
+                f"the same shared storage (NFS, a mounted bucket) at that path on every host")
 
 
 def coordinator_address(loopback: bool) -> str:

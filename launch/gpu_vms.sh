@@ -6,16 +6,24 @@
 #   launch/gpu_vms.sh all --head=10.0.0.2 --workers="10.0.0.3 10.0.0.4" --gpus=8 --workdir=runs/gpu
 #   launch/gpu_vms.sh setup|start|run|stop ...   # one phase at a time
 #   launch/gpu_vms.sh --dry-run all ...          # print every command, run nothing
+#   launch/gpu_vms.sh all --via=netns --platform=cpu --head=10.213.77.1 --workers=10.213.77.2 --gpus=2
+#                                                # on hosts emulated in network namespaces
 #
 # --repo is relative to each node's home. Extra flags after `--` go to asyncrl.main.
 # Phases: setup ships this checkout (rsync) and installs it with jax[cuda12] and Ray on every
 # node; start starts the head (no GPUs offered to actors: the trainer owns them) and the
 # workers; run runs the job on the head; stop stops Ray on every node (dedicated VMs).
+# --via=netns: each node command runs on a host of launch/emulated_hosts.py (root; the nodes
+# named by their addresses; $ASYNCRL_HOSTS_ROOT names the cluster) instead of over ssh. The
+# filesystem is shared: setup copies nothing and checks that each host imports the code; the
+# token is copied with cp; stop kills the host's processes (`ray stop` would stop every Ray
+# process on the machine). --platform=cpu: the "GPUs" are CPU devices: the head offers no CPU
+# to actors, each worker offers --gpus CPUs, and the instances ask for one CPU each.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 phase="" head="" workers="" user=${USER:-root} repo=asyncrl port=6379 gpus=8 per_instance=1
-config=experiments/grpo.py workdir=runs/gpu token_file="$REPO_ROOT/launch/.ray_auth_token"
+config=experiments/grpo.py workdir=runs/gpu token_file="" via=ssh platform=cuda repo_set=0
 extra=()
 while (( $# )); do
   case $1 in
@@ -23,13 +31,15 @@ while (( $# )); do
     --head=*) head=${1#*=} ;;
     --workers=*) workers=${1#*=} ;;
     --user=*) user=${1#*=} ;;
-    --repo=*) repo=${1#*=} ;;
+    --repo=*) repo=${1#*=} repo_set=1 ;;
     --port=*) port=${1#*=} ;;
     --gpus=*) gpus=${1#*=} ;;
     --gpus-per-instance=*) per_instance=${1#*=} ;;
     --config=*) config=${1#*=} ;;
     --workdir=*) workdir=${1#*=} ;;
     --token-file=*) token_file=${1#*=} ;;
+    --via=*) via=${1#*=} ;;
+    --platform=*) platform=${1#*=} ;;
     --dry-run) DRY_RUN=1 ;;
     --) shift; extra=("$@"); break ;;
     *) die "unknown argument $1 (see the comments at the top of $0)" ;;
@@ -40,12 +50,36 @@ done
 [[ -n $head ]] || die "--head=HOST is required (the node that runs the trainer and the job)"
 read -r -a worker_list <<< "$workers"
 (( ${#worker_list[@]} )) || die "--workers=\"HOST ...\" is required (the nodes that run rollouts)"
+[[ $via == ssh || $via == netns ]] || die "--via=ssh or --via=netns, not $via"
+[[ $platform == cuda || $platform == cpu ]] || die "--platform=cuda or --platform=cpu, not $platform"
 nodes=("$head" "${worker_list[@]}")
 instances=$(( ${#worker_list[@]} * gpus / per_instance ))
+hosts_root=${ASYNCRL_HOSTS_ROOT:-/tmp/arh0}
+if [[ $via == netns ]]; then
+  (( repo_set )) || repo=$REPO_ROOT  # one filesystem: the hosts run this checkout
+  token_file=${token_file:-$hosts_root/ray_auth_token}  # gone with the emulated hosts
+else
+  token_file=${token_file:-$REPO_ROOT/launch/.ray_auth_token}
+fi
 venv="cd $repo && . .venv/bin/activate"
+
+# on NODE COMMAND: one shell command line on a node, over ssh or on its emulated host.
+on() {
+  if [[ $via == netns ]]; then
+    step python3 "$REPO_ROOT/launch/emulated_hosts.py" "--root=$hosts_root" exec "$1" -- "$2"
+  else
+    step ssh "$user@$1" "$2"
+  fi
+}
 
 setup() {
   local node
+  if [[ $via == netns ]]; then  # one filesystem: nothing to copy; each host imports the code
+    for node in "${nodes[@]}"; do
+      on "$node" "$venv && python -c 'import asyncrl, jax, ray'"
+    done
+    return
+  fi
   for node in "${nodes[@]}"; do
     step rsync -az --delete --exclude=.venv --exclude=runs --exclude=launch/.ray_auth_token \
       "$REPO_ROOT/" "$user@$node:$repo/"
@@ -59,24 +93,38 @@ start() {
     step sh -c "umask 077 && python3 -c \"import secrets; print(secrets.token_hex(32))\" > $token_file"
   fi
   for node in "${nodes[@]}"; do
-    step ssh "$user@$node" "mkdir -p ~/.ray && chmod 700 ~/.ray"
-    step scp "$token_file" "$user@$node:.ray/auth_token"
-    step ssh "$user@$node" "chmod 600 ~/.ray/auth_token"
+    on "$node" "mkdir -p ~/.ray && chmod 700 ~/.ray"
+    if [[ $via == netns ]]; then
+      on "$node" "cp $token_file ~/.ray/auth_token"
+    else
+      step scp "$token_file" "$user@$node:.ray/auth_token"
+    fi
+    on "$node" "chmod 600 ~/.ray/auth_token"
   done
-  step ssh "$user@$head" "$venv && RAY_AUTH_MODE=token ray start --head --node-ip-address=$head --port=$port --num-gpus=0 --disable-usage-stats --include-dashboard=false"
+  local head_offers="--num-gpus=0" worker_offers="--num-gpus=$gpus"
+  if [[ $platform == cpu ]]; then  # the trainer's devices are the head's CPUs
+    head_offers="--num-cpus=0 --num-gpus=0" worker_offers="--num-cpus=$gpus --num-gpus=0"
+  fi
+  on "$head" "$venv && RAY_AUTH_MODE=token ray start --head --node-ip-address=$head --port=$port $head_offers --disable-usage-stats --include-dashboard=false"
   for node in "${worker_list[@]}"; do
-    step ssh "$user@$node" "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --node-ip-address=$node --num-gpus=$gpus --disable-usage-stats"
+    on "$node" "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --node-ip-address=$node $worker_offers --disable-usage-stats"
   done
 }
 
 run_job() {
-  step ssh "$user@$head" "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=cuda --config.distributed.instance_gpus=$per_instance --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${extra[@]}")"
+  local asks="--config.distributed.instance_gpus=$per_instance"
+  [[ $platform == cpu ]] && asks="--config.distributed.instance_gpus=0 --config.distributed.instance_cpus=1"
+  on "$head" "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=$platform $asks --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${extra[@]}")"
 }
 
 stop() {
   local node
   for node in "${nodes[@]}"; do
-    step ssh "$user@$node" "$venv && ray stop"
+    if [[ $via == netns ]]; then  # one process table: `ray stop` would stop every Ray on the machine
+      step python3 "$REPO_ROOT/launch/emulated_hosts.py" "--root=$hosts_root" kill "$node"
+    else
+      step ssh "$user@$node" "$venv && ray stop"
+    fi
   done
 }
 

@@ -54,7 +54,7 @@ class InstanceSpec:
     partial_rollout: bool
     devices: int  # devices of the instance's mesh, the first of this process's
     transport: str
-    transfer_host: str
+    transfer_host: str  # the driver's jax_transfer address; loopback keeps the actor's there too
     pull_timeout_s: float
     kv: Any = None  # asyncrl.rollout.engine.KVOptions; None: contiguous, one step per dispatch
 
@@ -89,18 +89,37 @@ class Outbox:
                   list(versions), finish_reason))
         return True
 
-    # the reporter (asyncrl.rollout.instance.Reporter)
+    # the event sink (asyncrl.records.EventSink)
     def finished(self, instance, trajectory_ids):
         self.put(("finished", tuple(trajectory_ids)))
 
     def extracted(self, instance, trajectory_ids):
         self.put(("extracted", tuple(trajectory_ids)))
 
-    def failed(self, instance, error):
+    def failed(self, instance, error, rejoining=False):
+        # Whether a fresh actor takes over is the driver's stand-in's call, not the actor's.
         self.put(("failed", f"{type(error).__name__}: {error}"))
 
     def synced(self, instance, version):
         self.put(("synced", version))
+
+
+def node_address() -> str:
+    """This process's node address as Ray knows it (`ray start --node-ip-address`): the one
+    the other hosts reach it by."""
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def receiver_host(driver_host: str, node: str) -> str:
+    """Where this actor's jax_transfer server listens: on loopback when the driver's is (one
+    machine), else on this node's own cluster-facing address. Never the driver's address
+    (on another host it cannot be bound: "Cannot assign requested address") and never every
+    interface (the transfer servers have no authentication: launch/README.md)."""
+    from asyncrl.distributed.cluster import is_loopback
+
+    return driver_host if is_loopback(driver_host) else node
 
 
 class OfferTimeout(TimeoutError):
@@ -125,7 +144,8 @@ class InstanceActor:
                         max_len=spec.max_len, prompt_buckets=(spec.prompt_bucket,),
                         sampling=spec.sampling, seed=spec.seed, mesh=mesh, rules=rules,
                         **kv.engine_kwargs())
-        receiver_kwargs = {"jax_transfer": {"host": spec.transfer_host},
+        self.node = node_address()
+        receiver_kwargs = {"jax_transfer": {"host": receiver_host(spec.transfer_host, self.node)},
                            "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
         self.receiver = make_receiver(spec.transport, **receiver_kwargs)
         self.outbox = Outbox()
@@ -144,7 +164,9 @@ class InstanceActor:
     def start(self) -> dict[str, Any]:
         """Pulls the first weights, then starts the instance's thread."""
         self.instance.start()
-        return {"pid": os.getpid(), "devices": self.devices, "version": self.instance.version}
+        return {"pid": os.getpid(), "node": self.node, "devices": self.devices,
+                "version": self.instance.version,
+                "transfer_server": getattr(self.receiver, "address", None)}
 
     def command(self, seq: int, name: str, args: Any) -> None:
         with self._lock:

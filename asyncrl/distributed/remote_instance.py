@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from typing import Any
 
-from asyncrl.rollout.messages import InstanceFailed, Snapshot, Work
+from asyncrl.records import InstanceState
+from asyncrl.rollout.messages import InstanceFailed, Work
 from asyncrl.servers.trajectory import TrajectoryServer
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ class RemoteInstance:
         self._lock = threading.Lock()
         self._seq = 0
         self._unacked: dict[int, tuple[str, int]] = {}  # seq -> (command, trajectories)
-        self._snapshot = Snapshot(-1, 0, 0, 0, num_slots, False, True, 0.0)
+        self._snapshot = InstanceState.starting(instance_id, num_slots)
         self._failed = False
         self._rejoin = rejoin
         self.finished = 0  # trajectories this actor finished that the server took
@@ -84,6 +86,11 @@ class RemoteInstance:
             return
         # From here on the heartbeat applies: a started actor answers every poll promptly.
         self._started_at = time.monotonic()
+        # Where it runs, on the console (which host, and where its weights arrive).
+        server = self.info.get("transfer_server")
+        print(f"{self.name}: Ray actor pid {self.info.get('pid')} on {self.info.get('node')}"
+              + (f", its jax_transfer server at {server}" if server else ""),
+              file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         import ray
@@ -109,7 +116,7 @@ class RemoteInstance:
         with self._lock:
             return not self._failed and action()
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self) -> InstanceState:
         """The actor's last snapshot, with the commands it has not applied yet counted in (as
         a local instance counts work the moment it is submitted)."""
         with self._lock:

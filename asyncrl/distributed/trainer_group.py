@@ -9,9 +9,10 @@ Settings come from `config.distributed` (coordinator_address, num_processes, pro
 where those are unset, from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; on a
 TPU slice JAX finds them itself (`auto`).
 
-Loopback: JAX's coordinator service binds every address of the host ([::]) unless told
-otherwise; a coordinator address on 127.0.0.1 binds 127.0.0.1 alone. On CPU the processes'
-collectives go through gloo, chosen before the backend starts.
+Binding: JAX's coordinator service binds every address of the host ([::]) unless told
+otherwise; here it binds the coordinator address itself (127.0.0.1 on one machine, the
+node's address across hosts: `bind_address`). On CPU the processes' collectives go through
+gloo, chosen before the backend starts.
 
 Failure: one process that dies ends the whole job (JAX's heartbeat, `heartbeat_timeout_s`):
 the trainer group is restarted together, from the last checkpoint.
@@ -24,10 +25,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import ipaddress
 import json
+import logging
 import os
+import socket
 
 from asyncrl.distributed.cluster import is_loopback
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,11 +76,33 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
         return GroupSettings("auto", jax.process_count(), jax.process_index())
     if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    host, port = group.coordinator_address.rsplit(":", 1)
-    bind = group.coordinator_address if is_loopback(host) else None
+    bind = bind_address(group.coordinator_address) if group.process_id == 0 else None
     jax.distributed.initialize(group.coordinator_address, group.num_processes, group.process_id,
                                coordinator_bind_address=bind, initialization_timeout=timeout_s)
     return group
+
+
+def bind_address(address: str) -> str | None:
+    """Where process 0's coordinator listens: its own address as the group names it (loopback
+    on one machine, the node's cluster-facing address across hosts), never every interface,
+    since the coordinator has no authentication (launch/README.md). None (JAX's default, [::])
+    when the address is a name, or one this host cannot bind (behind NAT, say: logged)."""
+    host = address.rpartition(":")[0].strip("[]")
+    if is_loopback(host):
+        return address
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:  # a name: it may resolve here to another address than the others use
+        return None
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+            s.bind((host, 0))
+    except OSError as error:
+        log.warning(
+            "trainer group: this host cannot bind the coordinator address %s (%s); its "
+            "coordinator listens on every interface", address, error)
+        return None
+    return address
 
 
 def share(tree, mesh=None):

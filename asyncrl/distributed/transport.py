@@ -213,6 +213,7 @@ class JaxTransferReceiver(Receiver):
 
         self.server = transfer.start_transfer_server(jax.devices()[0].client, f"{host}:0",
                                                      [f"{host}:0"])
+        self.address = self.server.address()
         self._connections: dict[str, Any] = {}
 
     def receive(self, handle, shardings):
