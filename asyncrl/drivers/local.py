@@ -119,10 +119,14 @@ class LocalRollouts:
         figures["push_s_mean"] = float(np.mean(pushes)) if pushes else 0.0
         decode_steps = sum(s.decode_steps for s in snapshots)
         figures["decode_step_s_mean"] = sum(s.decode_s for s in snapshots) / max(decode_steps, 1)
+        # The counts behind the means since the start: two rows give a window's own means
+        # (asyncrl.sim.calibrate leaves the first steps' compiles out that way).
+        figures["decode_steps"] = float(decode_steps)
         # A paged cache's pressure: sequences handed back for want of pages, pool in use now.
         figures["kv_preemptions"] = float(sum(s.preemptions for s in snapshots))
         figures["kv_pages_used_frac"] = (sum(s.kv_pages_used for s in snapshots)
                                          / max(sum(s.kv_pages for s in snapshots), 1))
         prefill_tokens = sum(s.prefill_tokens for s in snapshots)
         figures["prefill_s_per_token"] = sum(s.prefill_s for s in snapshots) / max(prefill_tokens, 1)
+        figures["prefill_tokens"] = float(prefill_tokens)
         return figures

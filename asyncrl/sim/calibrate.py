@@ -16,6 +16,12 @@ metrics is that part's own cost:
                   weights, which the train step already counts;
   reward          inside the measured steps, not modelled apart (0).
 
+Each cost is the mean over the run's second half (`steady_window`): the metrics hold means
+since the start with the counts behind them, so two rows give the window's own mean. The
+first steps also compile (every prompt bucket, every train-step shape), which costs more
+than the rest of a short run together: a mean since the start predicted a tenth of the
+measured throughput of the very run it was taken from.
+
 The engine swaps weights between two decode steps and keeps the KV cache, so a simulation of
 this system runs with `reprefill_on_resume = False`. The simulated run builds the same
 coordinator core from the same `coordinator` fields, so every admission, and partial rollout
@@ -50,24 +56,35 @@ def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration
     rows = read_metrics(path)
     if not rows:
         raise ValueError(f"{path}: no step was recorded")
-    missing = {"decode_step_s_mean", "response_lengths", "prompt_length"} - set(rows[-1])
+    missing = {"decode_step_s_mean", "decode_steps", "prefill_tokens", "response_lengths",
+               "prompt_length"} - set(rows[-1])
     if missing:
         raise ValueError(f"{path}: missing {sorted(missing)}; rerun with this version of asyncrl")
     if max(max(r["staleness"], default=0) for r in rows) != 0:
         raise ValueError(f"{run_dir}: not a synchronous run (staleness above 0), whose parts "
                          "overlap; calibrate from a run at η = 0 with the barrier admission")
-    last = rows[-1]
+    first, last = steady_window(rows)
+
+    def window_mean(mean: str, count: str | None = None) -> float:
+        """`mean` over the window; `count` names the count behind it (None: one per step)."""
+        n_first, n_last = ((first[count], last[count]) if count else (first["step"], last["step"]))
+        if n_last <= n_first:
+            return last[mean]  # nothing counted in the window (e.g. no prefill there)
+        return (last[mean] * n_last - first[mean] * n_first) / (n_last - n_first)
+
     profile = {
         "name": "system_cpu",
         "model": "the run's policy, as configured",
         "hardware": "the machine the run was measured on",
         "source": f"asyncrl.sim.calibrate.from_barrier_run of {run_dir} ({len(rows)} steps)",
-        "step_latency": {"a": 0.0, "b": 0.0, "c": last["decode_step_s_mean"], "d": 0.0, "e": 0.0},
-        "prefill_s_per_token": last["prefill_s_per_token"],
+        "step_latency": {"a": 0.0, "b": 0.0, "c": window_mean("decode_step_s_mean", "decode_steps"),
+                         "d": 0.0, "e": 0.0},
+        "prefill_s_per_token": window_mean("prefill_s_per_token", "prefill_tokens"),
         "instance": {"num_slots": num_slots},
         "weights_bytes": 0.0,
-        "network": {"weight_bandwidth_bytes_per_s": 1.0, "weight_sync_overhead_s": last["push_s_mean"]},
-        "trainer": {"gpu_s_per_token": 0.0, "step_overhead_s": last["trainer_step_s_mean"]},
+        "network": {"weight_bandwidth_bytes_per_s": 1.0,
+                    "weight_sync_overhead_s": window_mean("push_s_mean")},
+        "trainer": {"gpu_s_per_token": 0.0, "step_overhead_s": window_mean("trainer_step_s_mean")},
         "reward": {"latency_s": 0.0},
     }
     lengths = np.concatenate([np.asarray(r["response_lengths"], np.int64) for r in rows])
@@ -80,9 +97,21 @@ def from_barrier_run(run_dir: str | pathlib.Path, num_slots: int) -> Calibration
                        float(np.mean([r["prompt_length"] for r in rows])))
 
 
-# The live config's coordinator fields the simulator reads under the same names.
-_COORDINATOR_FIELDS = ("admission", "routing", "dispatch", "binding", "latency_model", "sync", "partial_rollout",
-                       "migration", "migration_interval_s", "redundancy", "dynamic_sampling")
+def steady_window(rows: list[dict]) -> tuple[dict, dict]:
+    """The rows that open and close the run's second half, its costs without the compiles.
+    The last step is left out too: its row also holds the run's final push."""
+    if len(rows) < 4:
+        raise ValueError(f"{len(rows)} steps recorded; calibration needs at least 4 (the first "
+                         "half of a run compiles, the last step finishes the run)")
+    return rows[(len(rows) - 2) // 2], rows[-2]
+
+
+def window_tokens_per_s(rows: list[dict]) -> float:
+    """The measured rollout throughput over `steady_window`: what a calibrated simulation
+    of the same run must reproduce."""
+    first, last = steady_window(rows)
+    window = [r for r in rows if first["step"] < r["step"] <= last["step"]]
+    return sum(r["rollout_tokens"] for r in window) / max(last["wall_s"] - first["wall_s"], 1e-9)
 
 
 def simulator_config(system_config, calibration: Calibration, files_dir: str | pathlib.Path,
@@ -109,15 +138,11 @@ def simulator_config(system_config, calibration: Calibration, files_dir: str | p
     sim.response_lengths = {"name": "empirical", "path": str(files_dir / "lengths.json")}
     sim.prompt_lengths = {"name": "constant", "value": max(1, round(calibration.prompt_length))}
     sim.eta, sim.lead = c.staleness.eta, c.staleness.lead
-    for name in _COORDINATOR_FIELDS:
-        sim.coordinator[name] = co[name]
-    table = sim.coordinator.admission_params
-    with table.unlocked():
-        for admission, params in co.admission_params.items():
-            if admission not in table:
-                table[admission] = {}
-            for key, value in params.items():
-                table[admission][key] = value
+    # One schema (asyncrl/coordinator/config.py), so the whole section carries over; the
+    # parameters of an admission registered by the run's own code are taken in, as the
+    # grid's systems take theirs (system_config).
+    with sim.coordinator.admission_params.unlocked():
+        sim.coordinator.update(co)
     sim.num_instances = c.mesh.rollout_instances
     sim.num_slots = c.rollout.num_slots
     sim.group_size = c.rollout.group_size
