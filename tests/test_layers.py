@@ -1,5 +1,6 @@
 """The layering the design promises, read from the source: which package may import which,
-no import cycles, and a config check that loads no JAX.
+no import cycles (counting imports inside functions and `if TYPE_CHECKING:` blocks), no
+function longer than a screen, and a config check that loads no JAX.
 
     staleness ← servers ← coordinator ← drivers, sim ← run ← trainer_actors ← main;  drivers ← distributed ← run
     model ← rollout;  model ← train;  the coordinator knows no JAX, no threads, no model
@@ -16,7 +17,7 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "asyncrl"
 SHARED = {"asyncrl.registry", "asyncrl.errors", "asyncrl.config_args", "asyncrl.jsonfile",
-          "asyncrl.cli", "asyncrl.profiles"}  # import-light leaves any layer may use
+          "asyncrl.cli", "asyncrl.profiles", "asyncrl.records"}  # import-light leaves any layer may use
 HEAVY = {"jax", "flax", "optax", "orbax", "threading", "ray"}
 
 # layer -> (asyncrl modules it may import besides itself and SHARED, third-party it may not)
@@ -98,9 +99,14 @@ def violations() -> list[str]:
 
 
 def cycles() -> list[list[str]]:
-    """Strongly connected components of the module-level import graph with > 1 module."""
-    graph = {name: {i for i in imports(path, top_level_only=True) if i in modules()}
-             for name, path in modules().items()}
+    """Strongly connected components of the import graph with > 1 module. Every import counts,
+    a deferred one inside a function or a type-only one too: either still ties the two modules
+    together, so neither can be read, tested or changed alone. A package's `__init__` is not
+    an edge to the modules under it (importing `a.b` runs `a/__init__` first, not the other
+    way round), so only imports its own code makes count for it."""
+    names = modules()
+    graph = {name: {i for i in imports(path) if i in names and i != name}
+             for name, path in names.items()}
     index, low, stack, on_stack, out = {}, {}, [], set(), []
 
     def visit(v):  # Tarjan
@@ -137,6 +143,46 @@ def test_no_package_imports_across_a_forbidden_arrow():
 def test_no_import_cycles():
     # A package's __init__ importing its own modules is not a cycle unless they import it back.
     assert cycles() == []
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def long_functions() -> list[str]:
+    """Every function or method in the package longer than MAX_FUNCTION_LINES lines (its
+    decorators, docstring and comments included: what a reader has to hold at once)."""
+    found = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                length = node.end_lineno - first + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}.{node.name}: {length} lines")
+    return found
+
+
+def test_no_function_is_longer_than_a_screen():
+    assert long_functions() == []
+
+
+def test_the_checks_catch_a_cycle_through_a_deferred_import_and_a_long_function(
+        tmp_path, monkeypatch):
+    before = set(long_functions())
+    copy = tmp_path / "asyncrl"
+    import shutil
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "staleness" / "loop_a.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from asyncrl.staleness import loop_b\n")
+    (copy / "staleness" / "loop_b.py").write_text(
+        "def later():\n    from asyncrl.staleness import loop_a\n")
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (copy / "staleness" / "long.py").write_text(f"@staticmethod\ndef long():\n{body}")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", copy)
+    assert ["asyncrl.staleness.loop_a", "asyncrl.staleness.loop_b"] in cycles()
+    assert set(long_functions()) - before == {
+        f"asyncrl.staleness.long.long: {MAX_FUNCTION_LINES + 2} lines"}
 
 
 def test_the_rules_catch_a_forbidden_import(tmp_path, monkeypatch):

