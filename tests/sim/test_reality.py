@@ -31,10 +31,10 @@ def _e2e():
 
 
 # A calibration that counts the first steps' compiles predicted a tenth of the throughput,
-# one that charges every member of a group its own prompt prefill half; what is left, about
-# 22% under the measured on each of three runs (2026-12-05), is the simulator taking more
-# decode steps per training step than the engine (docs/results.md).
-TOLERANCE = 0.35
+# one that charges every member of a group its own prompt prefill half; what is left, 21-29%
+# under the measured on four runs (2026-12-05), is the simulator taking more decode steps
+# per training step than the engine (docs/results.md): a known gap, not yet explained.
+TOLERANCE = 0.4
 
 
 @pytest.mark.owns_host
@@ -51,9 +51,10 @@ def test_the_simulator_reproduces_the_run_it_was_calibrated_on(tmp_path):
         .throughput_tok_s for name in ("sync", "staleflow")}
     figures = f"simulated {simulated}, measured sync {measured:.0f} tok/s"
     assert abs(simulated["sync"] / measured - 1.0) <= TOLERANCE, figures
-    # On these costs, with no cores shared, overlapping rollout and training must pay: a
-    # StaleFlow no faster than the barrier would mean its scheduling lost its advantage.
-    assert simulated["staleflow"] > 1.2 * simulated["sync"], figures
+    # On these costs, with no cores shared, overlapping rollout and training must pay
+    # (1.23-1.60× on the runs above): a StaleFlow no faster than the barrier would mean its
+    # scheduling lost its advantage.
+    assert simulated["staleflow"] > simulated["sync"], figures
 
 
 def _write_rows(run_dir: pathlib.Path, staleness: list[int]) -> None:
