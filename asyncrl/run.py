@@ -6,7 +6,9 @@ processes, `distributed.*`), process 0 runs all of this and the others only foll
 trainer's collectives (asyncrl/distributed/trainer_ops.py): the loop reaches the trainer
 through `TrainerGroup` alone, which with one process is the plain calls. Read top to bottom: build,
 restore, start the rollouts, then per step wait for a batch, train, publish the weights,
-evaluate, log and checkpoint; finish with the final evaluation and the results file.
+evaluate, log and checkpoint; finish with the final evaluation and the results file. What the
+run records (metrics rows, evaluations, results.json) goes through one `RunLog`
+(asyncrl/run_log.py); the loop only says when.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import json
 import logging
 import pathlib
 import sys
@@ -27,20 +28,20 @@ import numpy as np
 from asyncrl import config as config_lib
 from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
-from asyncrl.drivers.local import LocalRollouts
+from asyncrl.drivers.local import local_rollouts
+from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
-from asyncrl.accuracy import BackgroundEvaluator, Evaluator, describe, resolve_format_check
-from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
+from asyncrl.accuracy import BackgroundEvaluator, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.rewards import REWARDS
-from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
 from asyncrl.model.sampling import SamplingParams
+from asyncrl.run_log import RunLog
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 
 
 def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
-        on_built: Callable[[LocalRollouts], None] | None = None) -> dict[str, Any]:
+        on_built: Callable[[Rollouts], None] | None = None) -> dict[str, Any]:
     """Post-trains the policy asynchronously; returns (and writes) the before/after figures.
 
     `stop`, once set (main sets it on SIGINT/SIGTERM), ends the run after the step in flight
@@ -64,26 +65,11 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     workdir.mkdir(parents=True, exist_ok=True)
 
     # ---------------------------------------------------------------- build
-    # Each process is checked for its own devices: see asyncrl/placement.py.
-    config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
-    check_devices_per_process()
-    train_config(c)  # its loss names and ε are checked by the losses (JAX): before any loading
+    check(c)
     if jax.process_index() > 0:
         follow_group(c, workdir)
         return {}
-    data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
-    Rollouts, placement = rollouts_for(c)
-    trainer_mesh, rollout_meshes = placement(c.mesh)
-    # Before any weights load: a run its accelerators cannot hold ends here, saying why.
-    check_devices_hold_the_state(c, trainer_mesh.devices.flat,
-                                 [m.devices.flat for m in rollout_meshes])
-    policy = load_policy(c.model)
-    layout = describe_layout(trainer_mesh, rollout_meshes)
-    trainer = trainer_for(c, policy, trainer_mesh)
-    rollouts = Rollouts(c, policy, rollout_meshes, data)
-    evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
-                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
-                         eval_label=data.eval_label)
+    data, policy, layout, trainer, rollouts, evaluate = build(c, workdir)
     if on_built is not None:
         on_built(rollouts)
 
@@ -98,77 +84,26 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     progress.note(f"train: {source}; placement: {layout}")
     if resume is not None:
         rollouts.restore(resume)
-    # Wall time counts over the processes of one run: a resumed one starts where its
-    # checkpoint was saved (the time a killed process spent after that is redone, not counted).
-    earlier_wall_s = resume.run_wall_s if resume is not None else 0.0
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
-    results_path = workdir / "results.json"
-    results = json.loads(results_path.read_text()) if results_path.exists() else {}
-    results["placement"] = layout  # this process's: a resumed run may be placed differently
+    record = RunLog(workdir, progress, layout, resume.run_wall_s if resume is not None else 0.0)
     params = group.host_params(state)
-    if "before" not in results:
-        before = evaluate(params, step, "before", responses_to=workdir / "responses" / "before.jsonl")
-        progress.note(f"before: {describe(before)}")
-        results["before"] = dataclasses.asdict(before)
-        results_path.write_text(json.dumps(results, indent=2))
+    if "before" not in record.results:
+        record.before(evaluate(params, step, "before",
+                               responses_to=workdir / "responses" / "before.jsonl"))
 
     # ---------------------------------------------------------------- start rollouts
     chrono, late = Chrono(), LateMetrics()
     # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
     background = BackgroundEvaluator(evaluate)
-    batch_figures: dict[int, dict[str, Any]] = {}  # step -> its batch's figures, until logged
-    evals: dict[str, float] = {}  # the latest finished evaluation's figures, until logged
-    rollout_tokens = 0
     stated = answer_check(c, policy)
-    watch = RewardHackingWatch()
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
-    writer = MetricsWriter(workdir, resume_step=step)
+    record.open(step, chrono, background, rollouts)
     progress.start(step)
     rollouts.start(params, step)
 
-    published_at: dict[int, float] = {}  # version -> the run's wall seconds when it existed
-
-    def run_wall_s() -> float:
-        return earlier_wall_s + chrono.wall_s()
-
-    def save_checkpoint() -> None:
-        group.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=run_wall_s()))
-
-    def collect_evaluations(finished) -> None:
-        for version, result in finished:
-            progress.note(f"version {version}: {describe(result)}")
-            evals.update(result.as_dict("eval"), eval_version=version)
-            results.setdefault("evals", []).append(
-                {"step": version, "trained_s": published_at.pop(version),
-                 "wall_s": run_wall_s(), **dataclasses.asdict(result)})
-
-    def log_step(done: tuple[int, dict[str, float]] | None) -> None:
-        nonlocal rollout_tokens
-        if done is None:
-            return
-        logged, metrics = done
-        figures = batch_figures.pop(logged)
-        rollout_tokens += figures["rollout_tokens"]
-        if "format_rate" in figures:
-            suspected = watch.update(BatchAnswers(figures["reward_mean"], figures["format_rate"],
-                                                  figures["rewarded_unformatted"]))
-            if watch.turned_on:
-                results.setdefault("reward_hacking", []).append({"step": logged, "why": watch.why})
-                progress.note(f"step {logged}: possible reward hacking: {watch.why}")
-                log.warning("step %d: possible reward hacking: %s", logged, watch.why)
-            figures["reward_hacking_suspected"] = int(suspected)
-        collect_evaluations(background.results())
-        scalars = {"rollout_tok_s": rollout_tokens / chrono.wall_s(), **metrics,
-                   **{k: v for k, v in figures.items() if isinstance(v, (int, float))},
-                   **rollouts.figures(), **chrono.figures(), "eval_s": evaluate.seconds,
-                   "evals_skipped": background.skipped, **evals, "wall_s": figures["wall_s"]}
-        evals.clear()
-        writer.write(logged, scalars, {k: figures[k] for k in ("staleness", "response_lengths")},
-                     {k: figures[k] for k in ("entries", "batch_digest")})
-        progress.update(logged, scalars)
-
     # ---------------------------------------------------------------- train loop
     failed = True  # until the loop ends normally: the group's followers learn which it was
+    stopped = False  # on request after a step (a stop while waiting says so as it happens)
     try:
         while step < c.train.steps:
             chrono.phase("wait")
@@ -178,74 +113,109 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 log.warning("train: stopping at step %d (interrupted while waiting for a batch)", step)
                 break
             chrono.phase("step")
-            train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step,
-                                                 rollouts.max_len, c.rollout.group_size)
-            state, metrics = group.step(state, train_batch)
-            # JAX dispatches the step and returns at once. Waiting for it here makes its time
-            # the trainer's "step" (not the next "wait": the busy fraction measures compute),
-            # and publishes a version only once its weights exist: an instance syncing to it
-            # would otherwise stall inside its pull until the step is done.
-            state = jax.block_until_ready(state)
+            state, metrics, train_batch = train_step(c, group, state, batch, step, rollouts.max_len)
             step += 1
-            # A row's wall_s is when its step's weights existed, not when the row is written
-            # (a step later, or after a checkpoint save): curves against time need the former.
-            batch_figures[step] = {**describe_batch(batch, train_batch, stated),
-                                   "wall_s": run_wall_s()}
+            record.batch(step, describe_batch(batch, train_batch, stated))
             params = group.host_params(state)
             rollouts.publish(step, params)
             if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                published_at[step] = batch_figures[step]["wall_s"]
+                record.evaluating(step)
                 submit_evaluation(background, rollouts, step, params)
-            log_step(late.push(step, metrics))
-            finishing = stop.is_set() or step == c.train.steps
-            if finishing or step % checkpoint_every == 0:
+            record.step(late.push(step, metrics))
+            if step % checkpoint_every == 0 and step < c.train.steps and not stop.is_set():
                 chrono.phase("checkpoint")
-                if finishing:  # training is over: wait, so every evaluation gets a metrics row
-                    collect_evaluations(background.close())
-                log_step(late.flush())  # a NaN step must not become a checkpoint
-                save_checkpoint()
-            if stop.is_set():
-                log.warning("train: stopped at step %d on request; checkpoint saved", step)
+                record.step(late.flush())  # a NaN step must not become a checkpoint
+                save_checkpoint(group, state, rollouts, record)
+            stopped = stop.is_set()
+            if stopped or step == c.train.steps:
+                chrono.phase("checkpoint")
                 break
-        collect_evaluations(background.close())
-        log_step(late.flush())
-        if step < c.train.steps and step > 0 and ckpt.latest_step() != step:
-            save_checkpoint()
+        end_training(record, late, group, state, rollouts, step)
+        if stopped:
+            log.warning("train: stopped at step %d on request; checkpoint saved", step)
         if step >= c.train.steps:  # the final evaluation's weights, while the group is there
             params = group.host_params(state)
         failed = False
     finally:
         chrono.phase(None)
-        # Each part is shut down even when one before it fails: above all the checkpointer,
-        # whose close awaits the save in flight (skipped, the process would exit mid-write).
-        # ExitStack runs them last-registered first; a failure is raised at the end, any
-        # earlier one chained to it.
-        with contextlib.ExitStack() as shutdown:
-            shutdown.callback(writer.close)
-            shutdown.callback(progress.close)
-            shutdown.callback(group.stop, failed)
-            shutdown.callback(lambda: collect_evaluations(background.close()))
-            shutdown.callback(rollouts.stop)
+        shut_down(rollouts, record, group, progress, failed)
 
     # ---------------------------------------------------------------- finish
-    results["protocol"] = rollouts.accounting()
-    # From the metrics file, not this process's steps: a resumed run reports all of its own.
-    results["staleness"] = staleness_summary(read_metrics(writer.path), c.staleness.eta)
-    results_path.write_text(json.dumps(results, indent=2))
+    record.finish(rollouts.accounting(), c.staleness.eta)
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
-        return results
+        return record.results
     after = evaluate(params, step, "after", responses_to=workdir / "responses" / "after.jsonl")
-    print(f"after: {describe(after)}", file=sys.stderr)
-    results["after"] = dataclasses.asdict(after)
-    results["steps"] = step
-    results["rollout_tok_s"] = rollout_tokens / chrono.wall_s()
-    results["wall_s"] = run_wall_s()
-    results_path.write_text(json.dumps(results, indent=2))
-    print(f"{data.eval_label} accuracy: {results['before']['accuracy']:.3f} -> "
-          f"{results['after']['accuracy']:.3f} ({c.eval.heldout_size} problems); results in "
-          f"{results_path}")
-    return results
+    record.after(after, step, data.eval_label, c.eval.heldout_size)
+    return record.results
+
+
+def check(c) -> None:
+    """What can refuse the config before anything loads, on every process of the run."""
+    # Each process is checked for its own devices: see asyncrl/placement.py.
+    config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
+    check_devices_per_process()
+    train_config(c)  # its loss names and ε are checked by the losses (JAX): before any loading
+
+
+def build(c, workdir: pathlib.Path):
+    """Process 0's parts: the task's data, the policy, where the meshes went (a line), the
+    trainer, the rollouts and the evaluator."""
+    data = build_task_data(c.task, c.eval.heldout_size, workdir)  # before the model: it may refuse
+    build_rollouts, placement = rollouts_for(c)
+    trainer_mesh, rollout_meshes = placement(c.mesh)
+    # Before any weights load: a run its accelerators cannot hold ends here, saying why.
+    check_devices_hold_the_state(c, trainer_mesh.devices.flat,
+                                 [m.devices.flat for m in rollout_meshes])
+    policy = load_policy(c.model)
+    layout = describe_layout(trainer_mesh, rollout_meshes)
+    trainer = trainer_for(c, policy, trainer_mesh)
+    rollouts = build_rollouts(c, policy, rollout_meshes, data)
+    evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
+                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
+                         eval_label=data.eval_label)
+    return data, policy, layout, trainer, rollouts, evaluate
+
+
+def train_step(c, group: TrainerGroup, state, batch: Batch, step: int, max_len: int):
+    """Trains `step` on `batch`; returns the new state, its metrics (still on device) and
+    the batch as trained."""
+    train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step, max_len,
+                                         c.rollout.group_size)
+    state, metrics = group.step(state, train_batch)
+    # JAX dispatches the step and returns at once. Waiting for it here makes its time the
+    # trainer's "step" (not the next "wait": the busy fraction measures compute), and
+    # publishes a version only once its weights exist: an instance syncing to it would
+    # otherwise stall inside its pull until the step is done.
+    return jax.block_until_ready(state), metrics, train_batch
+
+
+def end_training(record: RunLog, late: LateMetrics, group: TrainerGroup, state, rollouts,
+                 step: int) -> None:
+    """Training is over, done or stopped: the run waits for its evaluations, so each gets a
+    metrics row, writes the last row, then saves the checkpoint a rerun resumes from."""
+    record.close_evaluations()
+    record.step(late.flush())  # a NaN step must not become a checkpoint
+    if step > 0 and group.checkpointer.latest_step() != step:
+        save_checkpoint(group, state, rollouts, record)
+
+
+def save_checkpoint(group: TrainerGroup, state, rollouts, record: RunLog) -> None:
+    group.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=record.wall_s()))
+
+
+def shut_down(rollouts, record: RunLog, group: TrainerGroup, progress: Progress,
+              failed: bool) -> None:
+    """Each part is shut down even when one before it fails: above all the checkpointer,
+    whose close awaits the save in flight (skipped, the process would exit mid-write)."""
+    # ExitStack runs them last-registered first; a failure is raised at the end, any
+    # earlier one chained to it.
+    with contextlib.ExitStack() as shutdown:
+        shutdown.callback(record.close)
+        shutdown.callback(progress.close)
+        shutdown.callback(group.stop, failed)
+        shutdown.callback(record.close_evaluations)
+        shutdown.callback(rollouts.stop)
 
 
 def submit_evaluation(background: BackgroundEvaluator, rollouts, version: int, params) -> None:
@@ -290,14 +260,16 @@ def restore(c, trainer: Trainer, policy, workdir: pathlib.Path):
     return restore_or_init(trainer, workdir, keep=c.checkpoint.keep, initial_params=policy.params)
 
 
-def rollouts_for(c) -> tuple[type[LocalRollouts], Callable]:
-    """The rollouts (one interface) and where this process's meshes go: instances as threads
-    on this host's devices (local), or as Ray actors with devices of their own (ray)."""
+def rollouts_for(c) -> tuple[Callable[..., Rollouts], Callable]:
+    """What builds the rollouts (one class, its backend chosen here) and where this process's
+    meshes go: instances as threads on this host's devices (local), or as Ray actors with
+    devices of their own (ray)."""
     if c.distributed.backend == "ray":
-        from asyncrl.distributed.rollouts import RayRollouts  # Ray loads only when asked for
+        # Ray loads only when asked for.
+        from asyncrl.distributed.rollouts import RayInstances, ray_rollouts
 
-        return RayRollouts, RayRollouts.place
-    return LocalRollouts, place
+        return ray_rollouts, RayInstances.place
+    return local_rollouts, place
 
 
 def train_config(c) -> TrainConfig:

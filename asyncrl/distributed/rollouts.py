@@ -1,11 +1,12 @@
-"""RayRollouts: the run's rollouts with every instance a Ray actor (distributed.backend='ray').
+"""The run's rollouts with every instance a Ray actor (distributed.backend='ray').
 
-Only the instances leave this process. The coordinator core, the TrajectoryServer, the reward
-pool, the data cursor, the threaded driver, checkpoints and the protocol accounting are
-LocalRollouts' own, inherited as they are, so a resume or an accounting check means the same
-in both backends. Each instance is an actor (`asyncrl.distributed.actor`) behind a
-`RemoteInstance`, and weights go through the configured transport (`WeightPublisher` takes the
-ParameterServer's place).
+Only the instances leave this process: `RayInstances` is the backend (an InstanceSet) that
+`asyncrl.drivers.rollouts.Rollouts` is built with, so the coordinator core, the
+TrajectoryServer, the reward pool, the data cursor, the threaded driver, checkpoints and the
+protocol accounting are the same objects as in the local backend, and a resume or an
+accounting check means the same in both. Each instance is an actor (`asyncrl.distributed.actor`)
+behind a `RemoteInstance`, and weights go through the configured transport (`WeightPublisher`,
+given to Rollouts where the local backend gives a ParameterServer).
 
     trainer ──publish v──► WeightPublisher (object store | jax transfer) ◄──pull── actor i
        ▲                        ▲ offer                                    │ items, snapshot
@@ -29,7 +30,7 @@ from asyncrl.distributed.cluster import actor_environment, connect
 from asyncrl.distributed.rejoin import Rejoiner
 from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
-from asyncrl.drivers.local import LocalRollouts
+from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.placement import split_by_process
 from asyncrl.rollout.engine import KVOptions
@@ -67,7 +68,17 @@ class WeightPublisher:
         self.sender.close()
 
 
-class RayRollouts(LocalRollouts):
+def ray_rollouts(c, policy, meshes, data) -> Rollouts:
+    """The run's rollouts with every instance a Ray actor; `meshes[0]`, this process's
+    instance-sized mesh (`RayInstances.place`), lays out what jax_transfer sends."""
+    instances = RayInstances(c, policy, meshes[0])
+    return Rollouts(c, policy, data, instances, instances.publisher)
+
+
+class RayInstances:
+    """The InstanceSet of Ray actors: the cluster (joined here), the transport's
+    WeightPublisher, and a RemoteInstance per actor, restarted by a Rejoiner if configured."""
+
     @staticmethod
     def place(mesh_cfg, devices=None) -> tuple[Mesh, list[Mesh]]:
         """This process's meshes: the trainer's, and one of an instance's size after it
@@ -80,33 +91,31 @@ class RayRollouts(LocalRollouts):
         local = devices[t:t + d] if len(devices) >= t + d else devices[:d]
         return trainer_mesh(trainer), [Mesh(np.asarray(local), ("tp",))]
 
-    def __init__(self, c, policy, meshes, data):
+    def __init__(self, c, policy, layout_mesh: Mesh):
+        self.c, self.policy = c, policy
+        self.rejoiner: Rejoiner | None = None  # made with the instances, in attach
         self.cluster = connect(c.distributed)
         try:
-            # No meshes: LocalRollouts builds the core, servers, rewards and driver, no instance.
-            super().__init__(c, policy, [], data)
-            self._add_remote_instances(c, policy, meshes[0])
+            name, layout, kwargs = transport_name(c.distributed), None, {}
+            if name == "jax_transfer":
+                layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
+                kwargs = {"host": c.distributed.transfer_host}
+            self.publisher = WeightPublisher(make_sender(name, layout, **kwargs))
         except BaseException:
-            if hasattr(self, "rewards"):  # built by LocalRollouts before the failure
-                self.rewards.close()
             self.cluster.close()
             raise
 
-    def _add_remote_instances(self, c, policy, layout_mesh: Mesh) -> None:
+    def attach(self, driver) -> None:
         import ray
 
-        d, name = c.distributed, transport_name(c.distributed)
-        layout, kwargs = None, {}
-        if name == "jax_transfer":
-            layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
-            kwargs = {"host": d.transfer_host}
-        self.parameters = self.driver.parameters = WeightPublisher(make_sender(name, layout, **kwargs))
+        c, d = self.c, self.c.distributed
         spec = InstanceSpec(
-            model_config=policy.config, num_slots=c.rollout.num_slots, max_len=self.max_len,
+            model_config=self.policy.config, num_slots=c.rollout.num_slots,
+            max_len=c.rollout.prompt_bucket + c.rollout.max_new_tokens,
             prompt_bucket=c.rollout.prompt_bucket, sampling=SamplingParams.of_rollout(c.rollout),
             seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
-            devices=c.mesh.devices_per_instance, transport=name, transfer_host=d.transfer_host,
-            pull_timeout_s=d.pull_timeout_s,
+            devices=c.mesh.devices_per_instance, transport=transport_name(d),
+            transfer_host=d.transfer_host, pull_timeout_s=d.pull_timeout_s,
             kv=KVOptions.of_rollout(c.rollout))
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
@@ -122,35 +131,35 @@ class RayRollouts(LocalRollouts):
                                                        d.instance_platform)})
 
         def stand_in(i: int) -> RemoteInstance:
-            return RemoteInstance(i, actor_class.remote(i, spec), self.server,
-                                  self.driver.reporter, self.parameters, timeouts,
+            return RemoteInstance(i, actor_class.remote(i, spec), driver.server,
+                                  driver.reporter, self.publisher, timeouts,
                                   c.rollout.num_slots, rejoin=self.rejoiner)
 
         n = c.mesh.rollout_instances
-        self.rejoiner = Rejoiner(d.max_instance_restarts, n, self.driver.instances,
-                                 self.driver.reporter, stand_in, d.start_timeout_s) \
+        self.rejoiner = Rejoiner(d.max_instance_restarts, n, driver.instances,
+                                 driver.reporter, stand_in, d.start_timeout_s) \
             if d.max_instance_restarts else None
         # Created now, started later: their processes import JAX while this one builds.
-        self.driver.instances.extend(stand_in(i) for i in range(n))
+        driver.instances.extend(stand_in(i) for i in range(n))
 
-    def stop(self) -> None:
-        try:
-            if self.rejoiner is not None:  # first: no fresh actor joins a stopping driver
-                self.rejoiner.close(self.c.distributed.stop_timeout_s)
-            super().stop()
-        finally:
-            self.parameters.close()
-            self.cluster.close()
-
-    def pids(self) -> list[int | None]:
-        """Each instance actor's process id, once started (tests kill one)."""
-        return [i.info.get("pid") for i in self.instances]
-
-    def figures(self) -> dict[str, float]:
-        """LocalRollouts' figures, and per instance its restarts and the trajectories its
-        current actor finished (a restarted one counts from 0: what it did since it rejoined)."""
-        figures = super().figures()
-        for i, instance in enumerate(self.instances):
+    def figures(self, instances) -> dict[str, float]:
+        """Per instance its restarts and the trajectories its current actor finished (a
+        restarted one counts from 0: what it did since it rejoined)."""
+        figures = {}
+        for i, instance in enumerate(instances):
             figures[f"instance{i}_restarts"] = float(self.rejoiner.restarts[i] if self.rejoiner else 0)
             figures[f"instance{i}_finished"] = float(instance.finished)
         return figures
+
+    def pids(self, instances) -> list[int | None]:
+        return [i.info.get("pid") for i in instances]
+
+    def stopping(self) -> None:
+        if self.rejoiner is not None:
+            self.rejoiner.close(self.c.distributed.stop_timeout_s)
+
+    def close(self) -> None:
+        try:
+            self.publisher.close()
+        finally:
+            self.cluster.close()
