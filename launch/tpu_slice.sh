@@ -6,7 +6,8 @@
 #
 #   launch/tpu_slice.sh check --name=asyncrl --zone=us-central2-b     # the trainer group check
 #   launch/tpu_slice.sh run --name=asyncrl --zone=us-central2-b --hosts=1 --workdir=runs/tpu
-#   launch/tpu_slice.sh --dry-run check|run ...                        # print, run nothing
+#   launch/tpu_slice.sh wait --name=asyncrl --zone=us-central2-b --workdir=runs/tpu  # follow the job
+#   launch/tpu_slice.sh --dry-run check|run|wait ...                   # print, run nothing
 #
 # check: every host trains 3 synthetic steps as one trainer group (one FSDP mesh over the
 #   slice's chips) and prints the losses; process 0's match a one-process run's.
@@ -16,16 +17,22 @@
 #   metrics) and the trainer mesh takes --chips - --instances chips of every host; the other
 #   hosts' remaining chips stay idle. The workdir must be shared storage (a bucket or NFS
 #   path): every host saves and restores its shards of one checkpoint there.
+# run starts the job on every worker detached from ssh (setsid nohup; each worker's output in
+#   WORKDIR/job-HOSTNAME.log, or runs/job/ for a gs:// workdir), so a dropped connection
+#   does not kill it; --wait: then follow them; --foreground: in the foreground of ssh.
+# wait: follows each worker's log until its job ends, exiting with its status.
 # Extra flags after `--` go to asyncrl.main (run) or the group check (check).
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 phase="" name=asyncrl zone="" project="" hosts=1 chips=4 instances=2 config=experiments/grpo.py
-workdir=runs/tpu
+workdir=runs/tpu foreground=0 wait=0
 extra=()
 while (( $# )); do
   case $1 in
-    check|run) phase=$1 ;;
+    check|run|wait) phase=$1 ;;
+    --foreground) foreground=1 ;;
+    --wait) wait=1 ;;
     --name=*) name=${1#*=} ;;
     --zone=*) zone=${1#*=} ;;
     --project=*) project=${1#*=} ;;
@@ -40,11 +47,13 @@ while (( $# )); do
   esac
   shift
 done
-[[ -n $phase ]] || die "name a phase: check or run"
+[[ -n $phase ]] || die "name a phase: check, run or wait"
 [[ -n $zone ]] || die "--zone=ZONE is required"
 where=("--zone=$zone")
 [[ -n $project ]] && where+=("--project=$project")
 venv="cd asyncrl && . .venv/bin/activate"
+jobs_dir=$(job_dir "$workdir")
+TAG='-$(hostname)'  # every worker runs the job: one log (and pid, status) per host
 
 everywhere() {  # the same command on every worker of the slice
   step gcloud compute tpus tpu-vm ssh "$name" "${where[@]}" --worker=all "--command=$1"
@@ -59,6 +68,16 @@ case $phase in
     (( trainer >= 1 )) || die "--chips=$chips leaves no chip to the trainer beside $instances instances"
     group=""
     (( hosts > 1 )) && group="--config.distributed.coordinator_address=auto "
-    everywhere "$venv && python -m asyncrl.main --config=$config --workdir=$workdir --config.mesh.trainer_devices=$trainer --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=1 $group$(shell_line "${extra[@]}")"
+    job="python -m asyncrl.main --config=$config --workdir=$workdir --config.mesh.trainer_devices=$trainer --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=1 $group$(shell_line "${extra[@]}")"
+    if (( foreground )); then
+      everywhere "$venv && $job"
+    else
+      everywhere "$venv && $(detached "$jobs_dir" "$job")"
+      echo "# the job runs detached on every worker: logs ~/asyncrl/$jobs_dir/job-HOSTNAME.log; follow them: $0 wait (same flags); stop it (it checkpoints): gcloud compute tpus tpu-vm ssh $name ${where[*]} --worker=all --command='kill -TERM -- -\$(cat asyncrl/$jobs_dir/job-\$(hostname).pid)'" >&2
+      if (( wait )); then everywhere "cd asyncrl && $(follow "$jobs_dir")"; fi
+    fi
+    ;;
+  wait)
+    everywhere "cd asyncrl && $(follow "$jobs_dir")"
     ;;
 esac

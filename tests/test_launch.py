@@ -24,6 +24,14 @@ def dry_run(script: str, *args: str) -> list[str]:
     return lines
 
 
+def dry_run_notes(script: str, *args: str) -> str:
+    """What a dry run says on stderr (where the log is, how to follow and stop the job)."""
+    result = subprocess.run(["bash", str(ROOT / "launch" / script), "--dry-run", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stderr
+
+
 def test_every_script_parses():
     assert {p.name for p in SCRIPTS} == {"lib.sh", "one_machine.sh", "gpu_vms.sh", "tpu_vms.sh",
                                          "tpu_slice.sh"}
@@ -53,7 +61,7 @@ def test_gpu_vms_dry_run_carries_one_token_to_every_node():
     for node in ("10.0.0.2", "10.0.0.3", "10.0.0.4"):
         assert f"scp {token} me@{node}:.ray/auth_token" in lines
         assert f"ssh me@{node} 'cd asyncrl && . .venv/bin/activate && ray stop'" in lines
-        setup = [l for l in lines if l.startswith(f"ssh me@{node} 'cd asyncrl && python3 -m venv")]
+        setup = [l for l in lines if l.startswith(f"ssh me@{node} 'cd asyncrl && export PATH=")]
         assert setup and 'pip install -U "jax[cuda12]==0.10.2" "ray==2.60.0"' in setup[0]
     assert ("ssh me@10.0.0.2 'cd asyncrl && . .venv/bin/activate && RAY_AUTH_MODE=token ray start "
             "--head --node-ip-address=10.0.0.2 --port=6379 --num-gpus=0 --disable-usage-stats "
@@ -145,3 +153,85 @@ def test_the_one_machine_script_runs_the_tiny_job(tmp_path):
     protocol = results["protocol"]
     accounted = set(entries) | set(protocol["unconsumed"]) | set(protocol["aborted"])
     assert accounted == set(range(protocol["next_entry_id"]))
+
+
+def test_dry_runs_start_the_job_detached_with_its_log_in_the_workdir_and_wait_for_it():
+    gpu = ("gpu_vms.sh", "all", "--head=10.0.0.2", "--workers=10.0.0.3", "--user=me",
+           "--workdir=runs/gpu")
+    lines = dry_run(*gpu)
+    job, = [l for l in lines if "asyncrl.main" in l]
+    remote = shlex.split(job)[2]
+    assert "setsid nohup bash -c " in remote and "> runs/gpu/job.log 2>&1 < /dev/null &" in remote
+    assert "echo $! > runs/gpu/job.pid" in remote and "> runs/gpu/job.rc" in remote
+    follow = lines[lines.index(job) + 1]  # `all` follows the log before it stops Ray
+    assert "tail -n +1 --pid=$(cat runs/gpu/job.pid) -f runs/gpu/job.log" in follow
+    assert lines[lines.index(job) + 2] == "ssh me@10.0.0.2 'cd asyncrl && . .venv/bin/activate && ray stop'"
+    notes = dry_run_notes(*gpu)
+    assert "log ~/asyncrl/runs/gpu/job.log" in notes and "kill -TERM -- -" in notes
+    assert dry_run("gpu_vms.sh", "wait", *gpu[2:]) == [follow]
+    fg, = [l for l in dry_run("gpu_vms.sh", "run", "--foreground", *gpu[2:]) if "asyncrl.main" in l]
+    assert "setsid" not in fg and "RAY_AUTH_MODE=token python -m asyncrl.main" in fg
+    # emulated hosts: the job in the foreground, its output the script's (tests/distributed)
+    netns = dry_run("gpu_vms.sh", "run", "--via=netns", "--head=10.213.77.1", "--workers=10.213.77.2")
+    assert len(netns) == 1 and "setsid" not in netns[0]
+    # TPU VMs: on worker 0; a bucket workdir keeps the log on the host (runs/job)
+    tpu = dry_run("tpu_vms.sh", "all", "--name=rl", "--zone=z", "--type=v4-32", "--hosts=4",
+                  "--workdir=gs://b/run")
+    job, = [l for l in tpu if "asyncrl.main" in l]
+    assert "--worker=0" in job and "setsid nohup" in job and "> runs/job/job.log 2>&1" in job
+    assert "-f runs/job/job.log" in tpu[tpu.index(job) + 1]
+    # one slice, every worker: one log per host
+    run = dry_run("tpu_slice.sh", "run", "--zone=z", "--workdir=runs/t", "--wait")
+    assert len(run) == 2 and "> runs/t/job-$(hostname).log 2>&1" in shlex.split(run[0])[-1]
+    assert "--worker=all" in run[1] and "-f runs/t/job-$(hostname).log" in run[1]
+
+
+def test_setup_provides_python_3_11_and_names_the_version_when_it_cannot():
+    gpu = dry_run("gpu_vms.sh", "setup", "--head=h", "--workers=w")
+    tpu = dry_run("tpu_vms.sh", "setup", "--zone=z", "--hosts=2")
+    installs = [l for l in gpu + tpu if "pip install -r requirements.txt" in l]
+    assert len(installs) == 3
+    for line in installs:
+        assert "python3 -m venv" not in line
+        assert "uv python install 3.11 && rm -rf .venv && uv venv --seed --python 3.11 .venv" in line
+        assert "error: setup needs Python >= 3.11" in line
+        assert line.index("uv venv") < line.index(". .venv/bin/activate")
+
+
+def fake_tools(tmp_path, fail_on: str):
+    """A PATH whose ssh, scp, rsync, gcloud and git log their arguments and succeed, except
+    a command line containing `fail_on`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls"
+    for tool in ("ssh", "scp", "rsync", "gcloud", "git"):
+        (bin_dir / tool).write_text(f"#!/bin/sh\necho \"{tool} $*\" >> {log}\n"
+                                    f"case \"$*\" in *\"{fail_on}\"*) exit 1 ;; esac\n")
+        (bin_dir / tool).chmod(0o755)
+    import os
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def test_all_tears_down_when_a_phase_fails(tmp_path):
+    """Not a dry run: the tools are fakes that log their arguments; the job's start fails."""
+    env, log = fake_tools(tmp_path, "asyncrl.main")
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch/tpu_vms.sh"), "all", "--name=rl", "--zone=z", "--type=v4-8",
+         "--hosts=2", f"--token-file={tmp_path / 'token'}"],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "error: a phase failed (exit status 1): tearing down: stop Ray and delete the slices (rl)" in result.stderr
+    calls = log.read_text().splitlines()
+    failed = next(i for i, c in enumerate(calls) if "asyncrl.main" in c)
+    assert [c for c in calls[failed + 1:]] == [
+        "gcloud compute tpus tpu-vm ssh rl --zone=z --worker=all --command=cd asyncrl && . .venv/bin/activate && ray stop",
+        "gcloud compute tpus tpu-vm delete rl --zone=z --quiet"]
+    # a phase after setup fails on GPU VMs: Ray stopped on every node
+    env, log = fake_tools(tmp_path / "gpu", "ray start --head")
+    result = subprocess.run(
+        ["bash", str(ROOT / "launch/gpu_vms.sh"), "all", "--head=h", "--workers=w", "--user=me",
+         f"--token-file={tmp_path / 'token'}"], env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and "tearing down: stop Ray on every node" in result.stderr
+    assert log.read_text().splitlines()[-2:] == [
+        "ssh me@h cd asyncrl && . .venv/bin/activate && ray stop",
+        "ssh me@w cd asyncrl && . .venv/bin/activate && ray stop"]

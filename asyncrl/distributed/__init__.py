@@ -1,6 +1,7 @@
 """Many processes and hosts: the Ray driver, the weight transports, the trainer group.
 
-    rollouts.py         RayRollouts: the run's rollouts with every instance a Ray actor
+    rollouts.py         RayInstances: the rollouts backend whose instances are Ray actors
+    code_version.py     the source fingerprint every actor checks against the driver's
     remote_instance.py  the driver's stand-in for one actor (what the threaded driver drives)
     actor.py            the actor: its own JAX runtime, an Engine and a RolloutInstance
     transport.py        one weight transport interface: device_put, Ray's object store,

@@ -26,12 +26,14 @@ import itertools
 import logging
 import os
 import threading
+import time
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
+from asyncrl.distributed.code_version import CodeVersionError, check_code_version, code_version
 from asyncrl.distributed.transport import make_receiver, pull_watched
 from asyncrl.model import ShardingRules, abstract_params, shardings_for
 from asyncrl.rollout.engine import Engine, KVOptions
@@ -57,6 +59,9 @@ class InstanceSpec:
     transfer_host: str  # the driver's jax_transfer address; loopback keeps the actor's there too
     pull_timeout_s: float
     kv: Any = None  # asyncrl.rollout.engine.KVOptions; None: contiguous, one step per dispatch
+    # The driver's asyncrl fingerprint, taken where the spec is made (in the driver); the
+    # actor refuses to start on other code ('': not checked).
+    code_version: str = dataclasses.field(default_factory=code_version)
 
 
 class Outbox:
@@ -131,6 +136,14 @@ class InstanceActor:
 
     def __init__(self, instance_id: int, spec: InstanceSpec):
         self.id, self.spec, self.name = instance_id, spec, f"rollout instance {instance_id}"
+        # Other code than the driver's: build nothing; `start` (the driver's first call, whose
+        # error reaches it whole, unlike one raised here) raises it.
+        self._code_error: CodeVersionError | None = None
+        try:
+            check_code_version(spec.code_version, self.name, node_address())
+        except CodeVersionError as error:
+            self._code_error = error
+            return
         devices = jax.devices()[:spec.devices]
         if len(devices) < spec.devices:
             raise RuntimeError(f"{self.name}: needs {spec.devices} devices, its process has "
@@ -163,6 +176,8 @@ class InstanceActor:
 
     def start(self) -> dict[str, Any]:
         """Pulls the first weights, then starts the instance's thread."""
+        if self._code_error is not None:
+            raise self._code_error
         self.instance.start()
         return {"pid": os.getpid(), "node": self.node, "devices": self.devices,
                 "version": self.instance.version,
@@ -185,12 +200,17 @@ class InstanceActor:
 
     def poll(self, wait_s: float) -> tuple[list[tuple], Any, int]:
         """(what happened since the last poll, the snapshot after it, commands applied)."""
+        if self._code_error is not None:  # after `start`'s answer, which names the cause
+            time.sleep(wait_s)
+            raise self._code_error
         items = self.outbox.take(wait_s)
         with self._lock:
             applied = self._applied
         return items, self.instance.snapshot(), applied
 
     def stop(self) -> None:
+        if self._code_error is not None:
+            return  # nothing was built
         self.instance.stop()
         self.receiver.close()
 

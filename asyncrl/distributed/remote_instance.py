@@ -28,6 +28,7 @@ import threading
 import time
 from typing import Any
 
+from asyncrl.distributed.code_version import CodeVersionError
 from asyncrl.records import InstanceState
 from asyncrl.rollout.messages import InstanceFailed, Work
 from asyncrl.servers.trajectory import TrajectoryServer
@@ -80,6 +81,11 @@ class RemoteInstance:
         self._thread.start()
         try:
             self.info = ray.get(self.actor.start.remote(), timeout=self.timeouts.start_timeout_s)
+        except CodeVersionError as error:  # other code on its host: no restart helps
+            self._closing.set()
+            with self._lock:
+                self._failed = True
+            raise CodeVersionError(str(getattr(error, "cause", error))) from None
         except Exception as error:  # ray.exceptions.* or the actor's own error
             self._fail(f"did not start within {self.timeouts.start_timeout_s:.0f} s "
                        f"(distributed.start_timeout_s): {type(error).__name__}: {error}")
