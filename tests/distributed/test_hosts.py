@@ -23,9 +23,8 @@ from asyncrl.metrics import read_metrics
 from tests.test_system import assert_every_entry_accounted_once
 
 # One worker runs the whole module (pyproject's --dist=loadgroup): split across two, each
-# would start its own cluster. The same worker runs tests/distributed/test_ray.py: two Ray
-# clusters at once on 2 cores slow each other several times over.
-pytestmark = pytest.mark.xdist_group("ray_clusters")
+# would start its own cluster.
+pytestmark = pytest.mark.xdist_group("emulated_hosts")
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 if "emulated_hosts" not in sys.modules:  # launch/ is scripts, not a package

@@ -42,11 +42,6 @@ from asyncrl.servers.trajectory import TrajectoryServer
 from experiments.grpo import get_config
 from tests.test_system import assert_every_entry_accounted_once
 
-# One worker runs the Ray modules one after the other (pyproject's --dist=loadgroup): each
-# starts a cluster of a dozen processes, and two at once on 2 cores tripled a test's time
-# (a trainer-group run: 52 s alone, 174 s beside tests/distributed/test_hosts.py).
-pytestmark = pytest.mark.xdist_group("ray_clusters")
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
