@@ -181,7 +181,7 @@ class InstanceActor:
         self.instance.start()
         return {"pid": os.getpid(), "node": self.node, "devices": self.devices,
                 "version": self.instance.version,
-                "transfer_server": getattr(self.receiver, "address", None)}
+                "transfer_server": self.receiver.address}
 
     def command(self, seq: int, name: str, args: Any) -> None:
         with self._lock:

@@ -178,6 +178,8 @@ class JaxTransferSender(Sender):
 class Receiver:
     """The instance's side: the weights a handle names, on the instance's shardings."""
 
+    address: str | None = None  # where a receiver that serves connections listens
+
     def receive(self, handle: WeightHandle, shardings: PyTree) -> PyTree:
         raise NotImplementedError
 

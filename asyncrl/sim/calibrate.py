@@ -37,7 +37,7 @@ import pathlib
 
 import numpy as np
 
-from asyncrl.metrics import read_metrics
+from asyncrl.metrics import read_metrics, steady_tokens_per_s
 from asyncrl.sim.config import run_config
 
 
@@ -110,8 +110,7 @@ def window_tokens_per_s(rows: list[dict]) -> float:
     """The measured rollout throughput over `steady_window`: what a calibrated simulation
     of the same run must reproduce."""
     first, last = steady_window(rows)
-    window = [r for r in rows if first["step"] < r["step"] <= last["step"]]
-    return sum(r["rollout_tokens"] for r in window) / max(last["wall_s"] - first["wall_s"], 1e-9)
+    return steady_tokens_per_s([r for r in rows if first["step"] <= r["step"] <= last["step"]])
 
 
 def simulator_config(system_config, calibration: Calibration, files_dir: str | pathlib.Path,
