@@ -316,8 +316,11 @@ def test_the_driver_runs_its_trainer_group_with_a_follower_it_starts_as_a_ray_ac
     command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
                f"--workdir={tmp_path}", "--config.train.steps=2", "--config.eval.heldout_size=8",
                "--config.distributed.backend=ray", "--config.distributed.trainer_processes=2",
-               # the follower and two instances, one CPU each, on a machine that may have two
-               "--config.distributed.ray_num_cpus=4"]
+               # One instance: a second one compiling beside the follower took this test from
+               # ~50 s alone to ~170 s in the loaded suite, and tests nothing of the group.
+               "--config.mesh.rollout_instances=1",
+               # the follower and the instance, one CPU each, on a machine that may have two
+               "--config.distributed.ray_num_cpus=3"]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     (tmp_path / "run.log").write_text(done.stderr)  # whole, for a failure's earlier lines
     assert done.returncode == 0, done.stderr[-4000:]
