@@ -1,9 +1,9 @@
 """Held-out evaluation on a rollout engine: greedy accuracy, sampled pass@k, response length
 and answer-format rate; and the unbiased pass@k estimator.
 
-Every result carries the label of the set it was measured on: "held-out" when training can
-never draw those problems, "train-set" when the task is too small to hold any out
-(`TaskData.eval_label`), so no figure claims more than it measured.
+Every result carries the label of the set it was measured on: "validation" or "test" (the
+task's held-out splits, which training can never draw), "train-set" when the task is too
+small to hold any out (`TaskData.eval_label`), so no figure claims more than it measured.
 
 Accuracy is graded by the task reward's strict grader (`asyncrl.rewards.strict_grader`), even
 when training uses a lenient reward, and reported beside the rate of responses that put an
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from asyncrl.data.heldout import EVAL_LABELS, HELDOUT
+from asyncrl.data.heldout import EVAL_LABELS, VALIDATION
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.rewards import REWARDS
 from asyncrl.rewards.registry import format_check, strict_grader
@@ -103,7 +103,7 @@ class EvalResult:
     seconds: float
     pass_at: dict[int, float] | None = None  # k -> pass@k over the sampled responses
     samples: int = 0  # sampled responses per problem (0: greedy only)
-    eval_label: str = HELDOUT  # "held-out", or "train-set": problems training also draws
+    eval_label: str = VALIDATION  # or "test", or "train-set": problems training also draws
     cut_rate: float = 0.0  # greedy responses stopped by the token cap
     grader: str = ""  # the reward that graded `accuracy`
 
@@ -129,11 +129,11 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
                     decode: Callable[[list[int]], str], score: Score, *,
                     is_formatted: Score | None = None, samples: int = 0,
                     pass_ks: Sequence[int] = (), version: int = 0,
-                    eval_label: str = HELDOUT, grader: str = "",
+                    eval_label: str = VALIDATION, grader: str = "",
                     on_greedy: Callable[[Completions], None] | None = None) -> EvalResult:
     """Greedy accuracy, length, format and cut rates; with `samples` > 0 also pass@k for each
     k in `pass_ks` from that many sampled responses per problem. `eval_label` names the set
-    `prompts` come from ("held-out" or "train-set"), `grader` the reward `score` is;
+    `prompts` come from (see EVAL_LABELS), `grader` the reward `score` is;
     `on_greedy` sees the greedy responses."""
     if samples and any(not 1 <= k <= samples for k in pass_ks):
         raise ValueError(f"every k of pass@k must be in [1, samples={samples}], got {list(pass_ks)}")
@@ -162,21 +162,21 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
 
 class Evaluator:
     """A run's evaluation (config.eval) on one rollout mesh, on engines built at the first
-    call: every evaluation of a run shares their compiles. `heldout` is what it reads
-    (`TaskData.heldout`) and `eval_label` what that is (`TaskData.eval_label`). Accuracy is
-    graded by the strict grader of config.task.reward."""
+    call: every evaluation of a run shares their compiles. `data` is the run's `TaskData`:
+    each call reads the first config.eval.heldout_size problems of one of its splits
+    ('validation' or 'test'), labelled by `data.eval_label`. Accuracy is graded by the strict
+    grader of config.task.reward."""
 
-    def __init__(self, c, graphdef, model_config, mesh, heldout, encode: Callable[[Any], Sequence[int]],
-                 decode: Callable[[list[int]], str], eval_label: str = HELDOUT):
+    def __init__(self, c, graphdef, model_config, mesh, data, encode: Callable[[Any], Sequence[int]],
+                 decode: Callable[[list[int]], str]):
         self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
-        self.heldout, self.encode, self.decode = heldout, encode, decode
-        self.eval_label = _check_label(eval_label)
+        self.data, self.encode, self.decode = data, encode, decode
         self.grader = strict_grader(c.task.reward) if c is not None else ""
         self.format_check = resolve_format_check(c) if c is not None else None
         self.seconds = 0.0  # spent evaluating, over the run
         self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
-        self._problems: tuple[list[Sequence[int]], list[str]] = ([], [])  # prompts, answers
-        self._heldout_problems: list = []
+        # split -> (problems, prompts): each split is fixed for the run, encoded once
+        self._problems: dict[str, tuple[list, list[Sequence[int]]]] = {}
 
     def _engine(self, sampling: SamplingParams, num_slots: int) -> Engine:
         c = self.c
@@ -187,23 +187,22 @@ class Evaluator:
                       # Its own seed: evaluation's trajectory ids reuse the rollouts' ids.
                       seed=c.seed + 1, mesh=self.mesh, rules=ShardingRules.replicated())
 
-    def __call__(self, params, version: int, label: str,
+    def __call__(self, params, version: int, label: str, split: str = VALIDATION,
                  responses_to: pathlib.Path | None = None) -> EvalResult:
         """`responses_to`: a JSONL file that receives every greedy response with its problem,
         reference and grades (one line a problem), for a recount by other means."""
         c = self.c
+        if split not in self._problems:
+            problems = self.data.split(split).take(0, c.eval.heldout_size)
+            self._problems[split] = (problems, [self.encode(p) for p in problems])
+        problems, prompts = self._problems[split]
         if self._engines is None:
-            # The held-out set is fixed for the run: encoded once, with the engines.
-            problems = self.heldout.take(0, c.eval.heldout_size)
-            self._problems = ([self.encode(p) for p in problems], [p.answer for p in problems])
-            self._heldout_problems = problems
             # One problem's samples are inserted together: at least that many slots.
             sampled = self._engine(SamplingParams.of_rollout(c.rollout),
                                    max(c.rollout.num_slots, c.eval.samples)) if c.eval.samples else None
             self._engines = (self._engine(SamplingParams(temperature=0.0), c.rollout.num_slots),
                              sampled)
         greedy, sampled = self._engines
-        prompts, answers = self._problems
         # On a CPU host the engines read the caller's buffers, not a copy of them: the
         # caller's weights stay unchanged while this runs (a published version, a copy
         # BackgroundEvaluator made, or the trainer's before the first step or after the last).
@@ -211,13 +210,14 @@ class Evaluator:
 
         def save(completions: Completions) -> None:
             if responses_to is not None:
-                write_responses(responses_to, self._heldout_problems, completions, self.grader)
+                write_responses(responses_to, problems, completions, self.grader)
 
         result = evaluate_policy(
-            greedy, sampled, params, prompts, answers, self.decode, _reward_fn(self.grader),
+            greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
+            _reward_fn(self.grader),
             is_formatted=_reward_fn(self.format_check) if self.format_check else None,
             samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
-            eval_label=self.eval_label, grader=self.grader, on_greedy=save)
+            eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
         self.seconds += result.seconds
         return result
 
@@ -232,8 +232,8 @@ class BackgroundEvaluator:
     start, the older one is skipped (and counted): evaluation falls behind, never memory.
     """
 
-    def __init__(self, evaluate: Evaluator):
-        self.evaluate = evaluate
+    def __init__(self, evaluate: Evaluator, split: str = VALIDATION):
+        self.evaluate, self.split = evaluate, split
         self.skipped = 0
         self._copy = jax.jit(lambda tree: jax.tree.map(jnp.copy, tree))
         self._waiting: tuple[int, Any] | None = None
@@ -282,7 +282,8 @@ class BackgroundEvaluator:
                     return
                 (version, params), self._waiting = self._waiting, None
             try:
-                result = self.evaluate(params, version, f"version {version}")
+                result = self.evaluate(params, version, f"version {version}",
+                                       split=self.split)
             except BaseException as error:  # surfaces in the trainer's next call
                 log.exception("evaluation of version %d failed", version)
                 with self._cond:

@@ -23,7 +23,7 @@ from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
 from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, router_needs_latency
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
-from asyncrl.data.sources import DATASETS
+from asyncrl.data.sources import DATASETS, SPLITS
 from asyncrl.distributed import BACKENDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
@@ -161,7 +161,7 @@ def _validate_scalars(config) -> None:
     ]:
         _int_at_least(config, field, minimum)
     for field in ("train.learning_rate", "rewards.timeout_s", "train.max_grad_norm",
-                  "train.batch_timeout_s"):
+                  "train.batch_timeout_s", "rollout.stall_timeout_s"):
         _positive(config, field)
     if not config.coordinator.migration_interval_s >= 0:
         _fail("coordinator.migration_interval_s", config.coordinator.migration_interval_s,
@@ -205,7 +205,7 @@ def _validate_task(config, local_files: bool) -> None:
     if config.task.dataset not in DATASETS:
         _fail("task.dataset", config.task.dataset, f"one of {', '.join(DATASETS)}")
     if config.task.dataset != "arithmetic" and local_files:
-        for field in ("task.train_path", "task.heldout_path"):
+        for field in ("task.train_path", "task.test_path"):
             if not os.path.isfile(_get(config, field)):
                 _fail(field, _get(config, field),
                       f"the path of a local {config.task.dataset} file (task.dataset)")
@@ -223,6 +223,9 @@ def _validate_task(config, local_files: bool) -> None:
 def _validate_schedule(config) -> None:
     """Evaluation's pass@k against its samples, and the learning-rate warmup against the run."""
     ks = tuple(config.eval.pass_k)
+    if config.eval.split not in SPLITS:
+        _fail("eval.split", config.eval.split, f"one of {', '.join(SPLITS)} (what periodic "
+              f"evaluations read; the test split is also evaluated before and after training)")
     if config.eval.samples and not all(isinstance(k, int) and 1 <= k <= config.eval.samples for k in ks):
         _fail("eval.pass_k", ks, f"each k an int in [1, eval.samples = {config.eval.samples}]")
     if config.train.warmup_steps > config.train.steps:

@@ -1,5 +1,9 @@
 """Held-out evaluation of a policy: python -m asyncrl.eval --config=… --checkpoint=…
 
+    --split=validation                     the task's validation split (the default), or
+    --split=test                           its test split: the figure to report, once the
+                                           settings are chosen on validation
+
     --checkpoint=runs/grpo                 a run's workdir: its latest checkpoint
     --checkpoint=runs/grpo/checkpoints/12  one checkpoint step (or a checkpoints folder)
     --checkpoint=path/to/hf_folder         a Hugging Face folder (config.json, safetensors)
@@ -33,6 +37,8 @@ _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A run's workdir or checkpoint, a Hugging Face folder, a .gguf file or "
     "'embedded'.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Where the JSON figures go.")
+_SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test"],
+                           "Which held-out split of the task to evaluate.")
 
 
 def _trainer_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
@@ -68,7 +74,8 @@ def load_params(c, checkpoint: str):
     return policy, params, root.parent if root.name == "checkpoints" else path
 
 
-def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
+def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
+                        split: str = "validation") -> dict:
     from asyncrl import config as config_lib
     from asyncrl.data.sources import build_task_data
     from asyncrl.accuracy import Evaluator, describe
@@ -80,11 +87,10 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
     out = pathlib.Path(output) if output else folder / "eval.json"
     data = build_task_data(c.task, c.eval.heldout_size, out.parent)
     mesh = Mesh(jax.devices()[:1], ("tp",))
-    evaluator = Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data.heldout,
-                          lambda problem: encode(c, policy, problem).tokens, policy.decode,
-                          eval_label=data.eval_label)
+    evaluator = Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data,
+                          lambda problem: encode(c, policy, problem).tokens, policy.decode)
     responses = out.with_name(f"{out.stem}_responses.jsonl")
-    result = evaluator(params, 0, "eval", responses_to=responses)
+    result = evaluator(params, 0, "eval", split=split, responses_to=responses)
     figures = {"checkpoint": str(checkpoint), **dataclasses.asdict(result)}
     out.write_text(json.dumps(figures, indent=2))
     print(f"{describe(result)}; written to {out}, each response to {responses}")
@@ -94,7 +100,7 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _OUTPUT.value)
+    evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _OUTPUT.value, _SPLIT.value)
 
 
 if __name__ == "__main__":

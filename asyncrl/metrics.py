@@ -103,6 +103,12 @@ def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
     return rows
 
 
+def reported(results: dict[str, Any], when: str = "after") -> dict[str, Any]:
+    """The evaluation a run reports, from its results.json: the test split's where the task
+    holds one out, else the only one there is (a train-set evaluation)."""
+    return results.get("test", {}).get(when, results[when])
+
+
 def staleness_summary(rows: list[dict[str, Any]], eta: int) -> dict[str, float | int | None]:
     """Staleness (consumed version − V_traj) of every entry trained, over the whole run and
     over the steps after the first η (a row's `step` counts from 1, and batch v < η cannot be

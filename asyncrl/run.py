@@ -33,7 +33,7 @@ from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
-from asyncrl.accuracy import BackgroundEvaluator, Evaluator, resolve_format_check
+from asyncrl.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.hbm import check_devices_hold_the_state
@@ -88,13 +88,12 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     record = RunLog(workdir, progress, layout, resume.run_wall_s if resume is not None else 0.0)
     params = group.host_params(state)
     if "before" not in record.results:
-        record.before(evaluate(params, step, "before",
-                               responses_to=workdir / "responses" / "before.jsonl"))
+        record.before(*evaluate_reported(c, data, evaluate, params, step, "before", workdir))
 
     # ---------------------------------------------------------------- start rollouts
     chrono, late = Chrono(), LateMetrics()
     # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
-    background = BackgroundEvaluator(evaluate)
+    background = BackgroundEvaluator(evaluate, c.eval.split)
     stated = answer_check(c, policy)
     checkpoint_every = c.checkpoint.every_steps or c.train.steps
     record.open(step, chrono, background, rollouts)
@@ -145,9 +144,23 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     if step < c.train.steps:
         log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
         return record.results
-    after = evaluate(params, step, "after", responses_to=workdir / "responses" / "after.jsonl")
-    record.after(after, step, data.eval_label, c.eval.heldout_size)
+    record.after(*evaluate_reported(c, data, evaluate, params, step, "after", workdir), step,
+                 c.eval.heldout_size)
     return record.results
+
+
+def evaluate_reported(c, data, evaluate: Evaluator, params, step: int, when: str,
+                      workdir: pathlib.Path) -> tuple[EvalResult, EvalResult | None]:
+    """`when` is 'before' or 'after': the split periodic evaluations read (config.eval.split),
+    and the test split beside it when that is another split and the task holds one out. Each
+    greedy response goes to responses/<when>[_test].jsonl."""
+    responses = workdir / "responses"
+    result = evaluate(params, step, when, split=c.eval.split,
+                      responses_to=responses / f"{when}.jsonl")
+    if c.eval.split == "test" or not data.heldout_disjoint:
+        return result, None
+    return result, evaluate(params, step, when, split="test",
+                            responses_to=responses / f"{when}_test.jsonl")
 
 
 def check(c) -> None:
@@ -172,8 +185,7 @@ def build(c, workdir: pathlib.Path):
     trainer = trainer_for(c, policy, trainer_mesh)
     rollouts = build_rollouts(c, policy, rollout_meshes, data)
     evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
-                         data.heldout, lambda p: encode(c, policy, p).tokens, policy.decode,
-                         eval_label=data.eval_label)
+                         data, lambda p: encode(c, policy, p).tokens, policy.decode)
     return data, policy, layout, trainer, rollouts, evaluate
 
 

@@ -2,13 +2,17 @@
 TensorBoard, the progress bar), the evaluations as they finish, and results.json.
 
     record = RunLog(workdir, progress, layout, earlier_wall_s)  # results.json, if resumed
-    record.before(result)                                        # once per run, not per resume
+    record.before(result, test)                                  # once per run, not per resume
     record.open(step, chrono, evaluations, rollouts)             # the metrics file
     record.batch(step, figures); record.evaluating(step)         # per step, as trained
     record.step(late.push(step, metrics))                        # its row, a step late
     record.close_evaluations(); record.close()
     record.finish(accounting, eta)                               # training over: results.json
-    record.after(result, step, eval_label, problems)             # the run done: results.json
+    record.after(result, test, step, problems)                   # the run done: results.json
+
+`result` is the evaluation of config.eval.split (what periodic evaluations read: the curves);
+`test` the test split's, or None when that is the same split or the task holds nothing out.
+results.json keeps them as "before" / "after" and "test": {"before", "after"}.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import logging
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from asyncrl.accuracy import BackgroundEvaluator, EvalResult, describe
@@ -61,10 +66,17 @@ class RunLog:
     def _write(self) -> None:
         self.path.write_text(json.dumps(self.results, indent=2))
 
-    def before(self, result: EvalResult) -> None:
-        self.progress.note(f"before: {describe(result)}")
-        self.results["before"] = dataclasses.asdict(result)
+    def before(self, result: EvalResult, test: EvalResult | None) -> None:
+        self._record("before", result, test, self.progress.note)
         self._write()
+
+    def _record(self, when: str, result: EvalResult, test: EvalResult | None,
+                say: Callable[[str], None]) -> None:
+        say(f"{when}: {describe(result)}")
+        self.results[when] = dataclasses.asdict(result)
+        if test is not None:
+            say(f"{when}: {describe(test)}")
+            self.results.setdefault("test", {})[when] = dataclasses.asdict(test)
 
     def open(self, step: int, chrono: Chrono, evaluations: BackgroundEvaluator, rollouts) -> None:
         """Starts the metrics rows at `step`; each row also reads the trainer's clock, the
@@ -121,17 +133,22 @@ class RunLog:
         self.results["staleness"] = staleness_summary(read_metrics(self.writer.path), eta)
         self._write()
 
-    def after(self, result: EvalResult, step: int, eval_label: str, problems: int) -> None:
-        """The evaluation after the last step, and the run's line: before -> after."""
-        print(f"after: {describe(result)}", file=sys.stderr)
-        self.results["after"] = dataclasses.asdict(result)
+    def after(self, result: EvalResult, test: EvalResult | None, step: int, problems: int) -> None:
+        """The evaluations after the last step, and the run's lines: before -> after."""
+        self._record("after", result, test, lambda line: print(line, file=sys.stderr))
         self.results["steps"] = step
         self.results["rollout_tok_s"] = self.rollout_tokens / self.chrono.wall_s()
         self.results["wall_s"] = self.wall_s()
         self._write()
-        print(f"{eval_label} accuracy: {self.results['before']['accuracy']:.3f} -> "
-              f"{self.results['after']['accuracy']:.3f} ({problems} problems); results in "
-              f"{self.path}")
+        lines = [(self.results, result.eval_label)]
+        if test is not None:
+            lines.append((self.results["test"], test.eval_label))
+        for figures, label in lines:
+            # A run resumed from an older results.json may lack a "before" of the test split.
+            before = figures.get("before", {}).get("accuracy")
+            print(f"{label} accuracy: {'?' if before is None else f'{before:.3f}'} -> "
+                  f"{figures['after']['accuracy']:.3f} ({problems} problems)")
+        print(f"results in {self.path}")
 
     def _watch(self, step: int, figures: dict[str, Any]) -> bool:
         suspected = self.watch.update(BatchAnswers(figures["reward_mean"], figures["format_rate"],

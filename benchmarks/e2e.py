@@ -53,7 +53,7 @@ sys.path.insert(0, str(ROOT))
 
 from asyncrl.cli import exit_on_user_error  # noqa: E402
 from asyncrl.run import run  # noqa: E402
-from asyncrl.metrics import read_metrics, steady_tokens_per_s  # noqa: E402
+from asyncrl.metrics import read_metrics, reported, steady_tokens_per_s  # noqa: E402
 
 SCHEDULES = {
     "staleflow": "experiments.staleflow",
@@ -90,7 +90,7 @@ def summarize(run_dir: pathlib.Path) -> dict:
     idle = [v for k, v in rows[-1].items() if k.endswith("_idle_frac")]
     return {
         "tokens_per_s": steady_tokens_per_s(rows),
-        "final_accuracy": results["after"]["accuracy"],
+        "final_accuracy": reported(results)["accuracy"],
         "reward_last5": sum(r["reward_mean"] for r in rows[-5:]) / 5,
         "max_staleness": int(max(lag for r in rows for lag in r["staleness"])),
         "trainer_busy_frac": rows[-1]["trainer_busy_frac"],

@@ -49,7 +49,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from asyncrl.cli import exit_on_user_error  # noqa: E402
-from asyncrl.metrics import read_metrics  # noqa: E402
+from asyncrl.metrics import read_metrics, reported  # noqa: E402
 from experiments.grpo import get_config  # noqa: E402
 
 VARIANTS = {
@@ -154,9 +154,11 @@ def summarize(workdir: pathlib.Path, process_s: float) -> dict:
         raise RuntimeError(f"{workdir / 'metrics.jsonl'} has no row for the final step "
                            f"{results['steps']} that {workdir / 'results.json'} reports")
     curve.append((last["wall_s"], results["after"]["accuracy"]))
-    return {"curve": curve, "final": results["after"]["accuracy"],
+    final = reported(results)  # the test split's, not the curve's validation split
+    return {"curve": curve, "final": final["accuracy"],
             "best": max(a for _, a in curve), "train_s": last["wall_s"],
-            "process_s": process_s, "label": results["after"]["eval_label"],
+            "process_s": process_s, "label": final["eval_label"],
+            "curve_label": results["after"]["eval_label"],
             "reward": [(r["wall_s"], r["reward_mean"]) for r in rows]}
 
 

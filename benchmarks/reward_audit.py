@@ -128,7 +128,7 @@ def main() -> None:
         command = [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py",
                    f"--workdir={run_dir}", "--config.task.dataset=math",
                    f"--config.task.train_path={paths['train']}",
-                   f"--config.task.heldout_path={paths['test']}",
+                   f"--config.task.test_path={paths['test']}",
                    f"--config.task.reward={args.reward}",
                    f"--config.task.instruction={INSTRUCTION}",
                    f"--config.seed={args.seed}", f"--config.task.seed={args.seed}", *flags]
@@ -136,7 +136,7 @@ def main() -> None:
         finished = subprocess.run(command, cwd=ROOT)
         if finished.returncode:  # the run printed why; its status is the benchmark's
             sys.exit(finished.returncode)
-    figures = {label: recount(run_dir / "responses" / f"{label}.jsonl")
+    figures = {label: recount(run_dir / "responses" / f"{label}_test.jsonl")
                for label in ("before", "after")}
     results = json.loads((run_dir / "results.json").read_text())
     print(json.dumps({**figures["after"], "trained_on": args.reward,

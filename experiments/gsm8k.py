@@ -25,12 +25,14 @@ local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the m
    4 + 4 × 1 for an 8-GPU box. On a TPU v4-8 (4 chips):
    `…,trainer_devices=2,instances=2`; on 2 GPUs: `…,trainer_devices=1,instances=1`.
 
-4. Every `eval.every_steps` steps the held-out figures (greedy accuracy, pass@1 and pass@8
+4. Every `eval.every_steps` steps the validation figures (greedy accuracy, pass@1 and pass@8
    from 8 samples per problem, mean response length, the rate of \\boxed{} answers) go to
-   metrics.jsonl and TensorBoard in the workdir. Ctrl-C checkpoints; the same command resumes.
+   metrics.jsonl and TensorBoard in the workdir; the test file is evaluated before the first
+   step and after the last (the validation split is a tenth of the train file's questions,
+   carved out by construction). Ctrl-C checkpoints; the same command resumes.
    Any checkpoint (or the exported folder, or another model) is evaluated alone with:
 
-       python -m asyncrl.eval --config=experiments/gsm8k.py:train=…,test=…,model=… --checkpoint=runs/gsm8k
+       python -m asyncrl.eval --config=experiments/gsm8k.py:train=…,test=…,model=… --checkpoint=runs/gsm8k --split=test
 """
 
 from asyncrl.config_args import parse_arg
@@ -65,7 +67,7 @@ def get_config(arg: str | None = None):
 
     c.task.dataset = arg.dataset
     c.task.train_path = arg.train
-    c.task.heldout_path = arg.test
+    c.task.test_path = arg.test
     c.task.reward = "gsm8k" if arg.dataset == "gsm8k" else "math_verify"
     c.task.chat_template = "auto"
     c.task.system_prompt = BOXED_SYSTEM_PROMPT

@@ -6,9 +6,9 @@ import math
 import ml_collections
 import pytest
 
-from asyncrl.data.heldout import HELDOUT, TRAIN_SET
+from asyncrl.data.heldout import TEST, TRAIN_SET, VALIDATION
 from asyncrl.data.sources import build_task_data
-from asyncrl.accuracy import EvalResult, Evaluator, describe, pass_at_k
+from asyncrl.accuracy import EvalResult, describe, pass_at_k
 
 
 def closed_form(n, c, k):
@@ -55,28 +55,30 @@ def result_with(**changes):
 
 
 def test_results_say_which_set_they_were_measured_on():
-    heldout, train_set = result_with(), result_with(eval_label=TRAIN_SET)
-    assert heldout.eval_label == HELDOUT  # the default: what every caller measured before
-    assert describe(heldout).startswith("held-out accuracy 0.250 on 8 problems, pass@1 0.250")
+    validation, test = result_with(), result_with(eval_label=TEST)
+    train_set = result_with(eval_label=TRAIN_SET)
+    assert validation.eval_label == VALIDATION  # the default: what periodic evaluations read
+    assert describe(validation).startswith("validation accuracy 0.250 on 8 problems, pass@1 0.250")
+    assert describe(test).startswith("test accuracy 0.250 on 8 problems")
     assert describe(train_set).startswith("train-set accuracy 0.250 on 8 problems")
-    assert "held-out" not in describe(train_set)
     assert train_set.as_dict("eval") == {"eval_accuracy": 0.25, "eval_mean_length": 3.0,
                                          "eval_label": "train-set", "eval_format_rate": 0.5,
                                          "eval_pass@1": 0.25, "eval_cut_rate": 0.0}
     assert dataclasses.asdict(train_set)["eval_label"] == "train-set"  # the results.json entry
+    with pytest.raises(ValueError, match=r"label must be one of \('validation', 'test', "
+                                         r"'train-set'\), got 'held-out'"):
+        result_with(eval_label="held-out")
 
 
-def test_an_evaluator_takes_its_label_from_the_task_data():
-    config = ml_collections.ConfigDict({"dataset": "arithmetic", "kinds": ("echo1",),
-                                        "seed": 0, "style": "compact"})
-    data = build_task_data(config, 4, "/nowhere")
-    # Engines are built at the first call: constructing one needs no model.
-    evaluator = Evaluator(None, None, None, None, data.heldout, str, str,
-                          eval_label=data.eval_label)
-    assert evaluator.eval_label == TRAIN_SET
-    assert Evaluator(None, None, None, None, data.heldout, str, str).eval_label == HELDOUT
-    with pytest.raises(ValueError, match=r"label must be one of \('held-out', 'train-set'\), "
-                                         r"got 'heldout'"):
-        Evaluator(None, None, None, None, data.heldout, str, str, eval_label="heldout")
-    with pytest.raises(ValueError, match="label must be one of"):
-        result_with(eval_label="test")
+def test_the_task_data_labels_each_split_it_evaluates():
+    def task(*kinds):
+        return ml_collections.ConfigDict({"dataset": "arithmetic", "kinds": kinds, "seed": 0,
+                                          "style": "compact"})
+
+    split = build_task_data(task("add1"), 4, "/nowhere")
+    assert [split.eval_label(name) for name in ("validation", "test")] == [VALIDATION, TEST]
+    too_small = build_task_data(task("echo1"), 4, "/nowhere")
+    assert [too_small.eval_label(name) for name in ("validation", "test")] == [TRAIN_SET] * 2
+    with pytest.raises(ValueError, match=r"evaluation split must be one of \('validation', "
+                                         r"'test'\), got 'train'"):
+        split.eval_label("train")

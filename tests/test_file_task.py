@@ -17,6 +17,7 @@ from asyncrl.metrics import read_metrics
 from tests.test_system import ROOT, tiny
 
 STEPS, EVERY, SAMPLES = 4, 2, 4
+TRAIN_FILE_ROWS = 200
 
 
 def write_problems(path: pathlib.Path, digits: list[int]) -> pathlib.Path:
@@ -27,10 +28,11 @@ def write_problems(path: pathlib.Path, digits: list[int]) -> pathlib.Path:
 @pytest.fixture(scope="module")
 def file_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("file_task")
-    train = write_problems(root / "train.jsonl", [d % 10 for d in range(40)])
-    # Numbers training never asks: a held-out question the train file holds would be dropped.
-    heldout = write_problems(root / "heldout.jsonl", list(range(10, 20)))
-    c = tiny(task__dataset="math", task__train_path=str(train), task__heldout_path=str(heldout),
+    # 200 numbers: the validation split, a tenth carved out by construction, holds ten.
+    train = write_problems(root / "train.jsonl", list(range(TRAIN_FILE_ROWS)))
+    # Numbers training never asks: a test question the train file holds would be dropped.
+    test = write_problems(root / "test.jsonl", list(range(1000, 1010)))
+    c = tiny(task__dataset="math", task__train_path=str(train), task__test_path=str(test),
              train__steps=STEPS, eval__heldout_size=10, eval__every_steps=EVERY,
              eval__samples=SAMPLES, eval__pass_k=(1, SAMPLES))
     workdir = root / "run"
@@ -56,11 +58,18 @@ def test_the_checkpoint_holds_the_shuffled_cursor(file_run):
     _, workdir, _ = file_run
     rows = read_metrics(workdir / "metrics.jsonl")
     assert rows[-1]["step"] == STEPS
-    # 40 train problems, 8 per step and up to η + 1 steps dispatched ahead: the cursor is
-    # inside its first or second epoch and says so.
+    # The train split: the file's rows less its validation part.
     state = system_cursor_state(workdir)
     assert set(state) == {"seed", "epoch", "position", "size", "shuffle"}
-    assert state["size"] == 40
+    assert state["size"] == TRAIN_FILE_ROWS - results_validation_size(workdir)
+
+
+def results_validation_size(workdir: pathlib.Path) -> int:
+    from asyncrl.data.heldout import carve_validation
+    from asyncrl.data.math_data import load_math
+
+    _, validation = carve_validation(load_math(workdir.parent / "train.jsonl"))
+    return len(validation)
 
 
 def system_cursor_state(workdir: pathlib.Path) -> dict:
@@ -73,15 +82,15 @@ def test_standalone_eval_reproduces_the_final_greedy_accuracy(file_run):
     c, workdir, results = file_run
     command = [sys.executable, "-m", "asyncrl.eval", "--config=experiments/grpo.py:tiny",
                "--config.task.dataset=math", f"--config.task.train_path={c.task.train_path}",
-               f"--config.task.heldout_path={c.task.heldout_path}",
-               "--config.eval.heldout_size=10", f"--checkpoint={workdir}"]
+               f"--config.task.test_path={c.task.test_path}",
+               "--config.eval.heldout_size=10", f"--checkpoint={workdir}", "--split=test"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads((workdir / "eval.json").read_text())
     assert f"restored step {STEPS}" in done.stdout
-    assert figures["accuracy"] == results["after"]["accuracy"]
-    assert figures["mean_length"] == results["after"]["mean_length"]
-    assert "held-out accuracy" in done.stdout
+    assert figures["accuracy"] == results["test"]["after"]["accuracy"]
+    assert figures["mean_length"] == results["test"]["after"]["mean_length"]
+    assert "test accuracy" in done.stdout
 
 
 def test_standalone_eval_names_a_missing_checkpoint(tmp_path):

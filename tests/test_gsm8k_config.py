@@ -21,11 +21,10 @@ PROBLEMS = [("Tom has 3 apples and buys 4 more. How many?", "3 + 4 = 7\n#### 7")
             ("Ann had 9 pens and lost 2. How many now?", "9 - 2 = 7\n#### 7"),
             ("A box holds 5 eggs. How many in 2 boxes?", "2 * 5 = 10\n#### 10"),
             ("Sam reads 1,000 pages in 4 days. Pages per day?", "1000 / 4 = 250\n#### 250")]
-# Training asks other questions: a held-out question the train file holds would be dropped.
-TRAIN_PROBLEMS = [("Tom has 2 apples and buys 5 more. How many?", "2 + 5 = 7\n#### 7"),
-                  ("Ann had 8 pens and lost 3. How many now?", "8 - 3 = 5\n#### 5"),
-                  ("A box holds 6 eggs. How many in 2 boxes?", "2 * 6 = 12\n#### 12"),
-                  ("Sam reads 900 pages in 3 days. Pages per day?", "900 / 3 = 300\n#### 300")]
+# Training asks other questions (a test question the train file holds would be dropped), and
+# enough of them that the validation split, a tenth carved out by construction, holds four.
+TRAIN_PROBLEMS = [(f"Tom has {a} apples and buys {b} more. How many?",
+                   f"{a} + {b} = {a + b}\n#### {a + b}") for a in range(10, 20) for b in range(10, 20)]
 
 
 def gsm8k_file(path, rows):
@@ -40,7 +39,7 @@ def files(tmp_path_factory):
     save_hf(build_hf_model("qwen2", 320, max_positions=512), build_tokenizer(), model)
     (model / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": QWEN2_5, "eos_token": "<|im_end|>", "bos_token": None}))
-    return (gsm8k_file(root / "train.jsonl", TRAIN_PROBLEMS * 4),
+    return (gsm8k_file(root / "train.jsonl", TRAIN_PROBLEMS),
             gsm8k_file(root / "test.jsonl", PROBLEMS),
             model)
 
@@ -68,7 +67,9 @@ def test_the_gsm8k_config_runs_on_a_hugging_face_folder(files, tmp_path):
     evaluated = [r for r in rows if "eval_version" in r]
     assert [r["eval_version"] for r in evaluated] == [1]
     assert {"eval_pass@1", "eval_pass@2", "eval_format_rate"} <= set(evaluated[0])
-    assert results["after"]["num_problems"] == 4
+    assert results["after"]["num_problems"] == results["test"]["after"]["num_problems"] == 4
+    assert (results["after"]["eval_label"], results["test"]["after"]["eval_label"]) == (
+        "validation", "test")
 
 
 def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files, tmp_path):
@@ -76,7 +77,7 @@ def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files,
     policy = policy_lib.load_policy(c.model)
     from asyncrl.data.sources import build_task_data
 
-    problem = build_task_data(c.task, 4, tmp_path).heldout[0]
+    problem = build_task_data(c.task, 4, tmp_path).test[0]
     text = policy.tokenizer.decode(list(policy_lib.encode(c, policy, problem).tokens),
                                    skip_special_tokens=False)
     assert text.startswith(f"<|im_start|>system\n{BOXED_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")
@@ -87,5 +88,5 @@ def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files,
 def test_a_missing_data_file_is_named(files, tmp_path):
     train, _, model = files
     c = scaled_down(train, tmp_path / "test.jsonl", model)
-    with pytest.raises(ConfigError, match=r"config.task.heldout_path = .*test.jsonl"):
+    with pytest.raises(ConfigError, match=r"config.task.test_path = .*test.jsonl"):
         validate(c, 8)

@@ -45,7 +45,7 @@ def test_every_readme_figure_says_when_and_how_it_was_measured():
 def test_readme_main_job_runs(tmp_path):
     # The set-up steps are what this suite already runs under. The job itself runs here
     # exactly as written (the embedded SmolLM2, the default config), shortened by overrides
-    # appended after it: one step, short answers, a few held-out problems.
+    # appended after it: one step, short answers, a few problems of each held-out split.
     job = readme_command("main-command").split("&&")[-1].strip()
     argv = shlex.split(job)
     assert argv[0] == "python"
@@ -56,6 +56,6 @@ def test_readme_main_job_runs(tmp_path):
     result = subprocess.run([sys.executable, *argv[1:], *shorten], cwd=ROOT,
                             capture_output=True, text=True, timeout=1200)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "held-out accuracy:" in result.stdout
+    assert "test accuracy:" in result.stdout
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["steps"] == 1 and 0.0 <= results["after"]["accuracy"] <= 1.0

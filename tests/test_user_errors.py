@@ -79,7 +79,7 @@ def malformed_row(tmp_path, request):
     train.write_text(json.dumps(GOOD_ROW) + "\n" + json.dumps({"question": "What is 3 + 3?"}) + "\n")
     heldout.write_text(json.dumps(GOOD_ROW) + "\n")
     return (["--config.task.dataset=gsm8k", f"--config.task.train_path={train}",
-             f"--config.task.heldout_path={heldout}", "--config.eval.heldout_size=1"],
+             f"--config.task.test_path={heldout}", "--config.eval.heldout_size=1"],
             [f"{train}: line 2", "missing field 'answer'"])
 
 
@@ -87,7 +87,7 @@ def missing_data_file(tmp_path, request):
     heldout = tmp_path / "test.jsonl"
     heldout.write_text(json.dumps(GOOD_ROW) + "\n")
     return (["--config.task.dataset=gsm8k", "--config.task.train_path=/nowhere.jsonl",
-             f"--config.task.heldout_path={heldout}", "--config.eval.heldout_size=1"],
+             f"--config.task.test_path={heldout}", "--config.eval.heldout_size=1"],
             ["config.task.train_path = '/nowhere.jsonl'"])
 
 

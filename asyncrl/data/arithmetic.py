@@ -3,12 +3,13 @@
 Problem i of a split is a pure function of (seed, split, i), so the data position is one
 integer: a checkpoint saves it and a resumed run neither repeats nor skips a prompt.
 
-Held out by construction: each kind's problem space (every combination of its operands) is
-partitioned once, the same for every seed, by a stable hash of the canonical problem (kind,
-operands): the HELDOUT_FRACTION of problems with the smallest hashes form the held-out part.
-The train split is an endless stream that redraws any held-out problem, so no seed ever
-trains on one; the held-out split lists its part's problems once each, in a seeded order. A
-kind smaller than MIN_SPACE_FOR_HELDOUT has no held-out part: a task using it can only be
+Three splits by construction: each kind's problem space (every combination of its operands)
+is partitioned once, the same for every seed, by a stable hash of the canonical problem (kind,
+operands), ranked: the HELDOUT_FRACTION of problems with the smallest hashes form the test
+part, the next HELDOUT_FRACTION the validation part, the rest train. The train split is an
+endless stream that redraws any validation or test problem, so no seed ever trains on one;
+the validation and test splits list their part's problems once each, in a seeded order. A
+kind smaller than MIN_SPACE_FOR_HELDOUT holds nothing out: a task using it can only be
 evaluated on its train problems (`DistinctProblems(..., part="train")`).
 
 Kinds (the operands' digit counts set the difficulty; `KINDS.get(name).size` is the number
@@ -36,12 +37,16 @@ import numpy as np
 from asyncrl.registry import Registry
 
 KINDS = Registry("arithmetic kind")
-SPLITS = ("train", "heldout")
-PARTS = ("train", "heldout")  # of a kind's problem space, as `DistinctProblems` lists them
+# "test" second: the seeded order of a part is drawn with the part's index here, and the test
+# part is the one earlier versions called "heldout" (same problems, same order), so figures
+# measured on it before the validation split existed stay comparable.
+SPLITS = ("train", "test", "validation")
+PARTS = SPLITS  # of a kind's problem space, as `DistinctProblems` lists them
+HELDOUT_PARTS = ("validation", "test")
 STYLES = ("words", "compact")
 
-HELDOUT_FRACTION = 0.1
-# Below this many problems a kind has no held-out part. A tenth of 100 is 10 problems, the
+HELDOUT_FRACTION = 0.1  # of a kind's space, for each of validation and test
+# Below this many problems a kind has no held-out parts. A tenth of 100 is 10 problems, the
 # fewest whose accuracy says more than noise (each one moves it by 0.1); and holding problems
 # out of a smaller space takes a visible share of what training can learn (echo1 would lose
 # one of its ten digits to a one-problem "held-out set").
@@ -123,28 +128,34 @@ def _frozen(array: np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def heldout_part(kind: Kind) -> np.ndarray:
-    """The problem indices of `kind`'s held-out part, ascending; none when the kind is too
-    small to hold problems out."""
+def _heldout_ranked(kind: Kind) -> tuple[np.ndarray, np.ndarray]:
+    """(test, validation) problem indices of `kind`, each ascending; empty when the kind is
+    too small to hold problems out."""
     if not kind.has_heldout:
-        return _frozen(np.empty(0, np.int64))
+        return _frozen(np.empty(0, np.int64)), _frozen(np.empty(0, np.int64))
     count = max(1, round(kind.size * HELDOUT_FRACTION))
-    hashes = _stable_hash(kind.name, np.arange(kind.size))
-    return _frozen(np.sort(np.argsort(hashes, kind="stable")[:count]))
+    ranked = np.argsort(_stable_hash(kind.name, np.arange(kind.size)), kind="stable")
+    return _frozen(np.sort(ranked[:count])), _frozen(np.sort(ranked[count:2 * count]))
 
 
 @functools.cache
 def _heldout_mask(kind: Kind) -> np.ndarray:
+    """True for every validation or test problem of `kind`: what training never draws."""
     mask = np.zeros(kind.size, bool)
-    mask[heldout_part(kind)] = True
+    for part in _heldout_ranked(kind):
+        mask[part] = True
     return _frozen(mask)
 
 
+@functools.cache
 def part_of(kind: Kind, part: str) -> np.ndarray:
     """The problem indices of one part of `kind`'s space, ascending."""
     if part not in PARTS:
         raise ValueError(f"arithmetic task: part must be one of {PARTS}, got {part!r}")
-    return heldout_part(kind) if part == "heldout" else np.flatnonzero(~_heldout_mask(kind))
+    if part == "train":
+        return _frozen(np.flatnonzero(~_heldout_mask(kind)))
+    test, validation = _heldout_ranked(kind)
+    return test if part == "test" else validation
 
 
 def has_heldout_split(kinds: tuple[str, ...]) -> bool:
@@ -186,7 +197,7 @@ def _problem(kind: Kind, operands: tuple[int, ...], prompt_id: int, style: str) 
 
 
 class DistinctProblems:
-    """Every problem of one part ('heldout' or 'train') of the kinds' spaces once, in an
+    """Every problem of one part ('train', 'validation' or 'test') of the kinds' spaces once, in an
     order drawn from the seed. The kinds take turns (one whose part is used up drops out), so
     the first n problems mix the kinds evenly, as the train stream does.
 
@@ -206,8 +217,7 @@ class DistinctProblems:
         self._order: tuple[np.ndarray, np.ndarray] | None = None  # (kind, problem index) each
 
     def __len__(self) -> int:
-        held_out = sum(len(heldout_part(kind)) for kind in self._kinds)
-        return held_out if self.part == "heldout" else sum(k.size for k in self._kinds) - held_out
+        return sum(len(part_of(kind, self.part)) for kind in self._kinds)
 
     def _ordered(self) -> tuple[np.ndarray, np.ndarray]:
         if self._order is None:
@@ -235,8 +245,8 @@ class DistinctProblems:
 
 class ArithmeticTask:
     """Random access to one split: 'train' is an endless, reproducible stream (repeats
-    included) that never yields a held-out problem; 'heldout' is `DistinctProblems` of the
-    held-out part, finite and without repeats."""
+    included) that never yields a validation or test problem; 'validation' and 'test' are
+    `DistinctProblems` of their parts, finite and without repeats."""
 
     def __init__(self, seed: int, kinds: tuple[str, ...] = ("add1",), split: str = "train",
                  style: str = "words"):
@@ -248,15 +258,15 @@ class ArithmeticTask:
         self.split = split
         self.style = style
         self._heldout: DistinctProblems | None = None
-        if split == "heldout":
+        if split in HELDOUT_PARTS:
             too_small = {k.name: k.size for k in self._kinds if not k.has_heldout}
             if too_small:
                 raise ValueError(
-                    f"arithmetic task: no held-out split for kinds {self.kinds}: "
+                    f"arithmetic task: no {split} split for kinds {self.kinds}: "
                     f"{', '.join(f'{n} has {s} problems' for n, s in too_small.items())}, fewer "
                     f"than the {MIN_SPACE_FOR_HELDOUT} a held-out part needs; evaluate on "
                     f"train problems instead (DistinctProblems(..., part='train'))")
-            self._heldout = DistinctProblems(seed, self.kinds, "heldout", style)
+            self._heldout = DistinctProblems(seed, self.kinds, split, style)
 
     def __len__(self) -> int:
         if self._heldout is None:

@@ -1,16 +1,22 @@
 """What a run evaluates on, and what that evaluation may honestly be called.
 
-An evaluation set is "held-out" only when training can never draw its problems. The
-arithmetic kinds hold a part of their spaces out by construction (asyncrl.data.arithmetic);
-a held-out file is checked against its train file here, at preparation: a question the
-train file also holds, or one the held-out file repeats, is dropped from the held-out set
-and counted in a warning naming both files. Arithmetic kinds too small to hold problems out
-are evaluated on their train problems, labelled "train-set".
+Every task has three splits, disjoint by construction: train, validation (what a run
+evaluates while it trains, and where settings are chosen) and test (what a run reports,
+evaluated before the first step and after the last). An evaluation is labelled "validation"
+or "test" only when training can never draw its problems. The arithmetic kinds partition
+their spaces (asyncrl.data.arithmetic). A file task has a train file and a test file: its
+validation split is carved out of the train file here, by a stable hash of each normalised
+question (so a question asked twice lands on one side, and adding rows moves no other
+problem), and the test file is checked against the whole train file: a question the train
+file also holds, or one the test file repeats, is dropped from the test set and counted in a
+warning naming both files. Arithmetic kinds too small to hold problems out are evaluated on
+their train problems, labelled "train-set".
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from collections.abc import Iterator
 
@@ -19,9 +25,13 @@ from asyncrl.data.math_data import ProblemSource
 
 log = logging.getLogger(__name__)
 
-HELDOUT = "held-out"
+VALIDATION = "validation"
+TEST = "test"
 TRAIN_SET = "train-set"
-EVAL_LABELS = (HELDOUT, TRAIN_SET)
+EVAL_LABELS = (VALIDATION, TEST, TRAIN_SET)
+# Of a train file's distinct questions, the share carved out as its validation split (as
+# each arithmetic kind holds out a tenth of its space for validation).
+VALIDATION_FRACTION = 0.1
 _SHOWN_LINES = 10  # lines named in a warning; the counts are exact regardless
 
 
@@ -44,7 +54,7 @@ class ProblemSubset:
 
     def __getitem__(self, index: int) -> Problem:
         if not 0 <= index < len(self):
-            raise IndexError(f"{self.path}: held-out problem index must be in [0, {len(self)}), "
+            raise IndexError(f"{self.path}: problem index must be in [0, {len(self)}), "
                              f"got {index}")
         return dataclasses.replace(self.source[self._indices[index]], prompt_id=index)
 
@@ -107,6 +117,29 @@ def disjoint_heldout(train: ProblemSource, heldout: ProblemSource
                     _lines(heldout, duplicates))
     return ProblemSubset(heldout, kept), HeldoutCheck(len(heldout), len(overlapping),
                                                       len(duplicates))
+
+
+def _in_validation(question: str) -> bool:
+    """Whether a train file's (normalised) question belongs to its validation split: the
+    first 8 bytes of its SHA-256, as a fraction of 2^64, below VALIDATION_FRACTION."""
+    digest = hashlib.sha256(question.encode()).digest()[:8]
+    return int.from_bytes(digest, "little") < VALIDATION_FRACTION * 2 ** 64
+
+
+def carve_validation(train: ProblemSource) -> tuple[ProblemSubset, ProblemSubset]:
+    """(train, validation) of one train file: the validation split holds each of its
+    questions once; the train split keeps every row of the others, repeats included."""
+    kept, validation, seen = [], [], set()
+    for i, question in enumerate(map(normalised_question, train.questions())):
+        if not _in_validation(question):
+            kept.append(i)
+        elif question not in seen:
+            seen.add(question)
+            validation.append(i)
+    if not kept:
+        raise ValueError(f"{train.path}: every question fell in the validation split; a train "
+                         f"file needs more than {len(train)} problems")
+    return ProblemSubset(train, kept), ProblemSubset(train, validation)
 
 
 def _lines(dataset: ProblemSource, indices: list[int]) -> str:

@@ -20,7 +20,7 @@ def test_every_kind_gives_correct_answers(kind, style):
 def test_same_seed_same_problems_and_splits_differ():
     a = ArithmeticTask(seed=3, kinds=("add2", "mul21")).take(0, 50)
     b = ArithmeticTask(seed=3, kinds=("add2", "mul21")).take(0, 50)
-    heldout = ArithmeticTask(seed=3, kinds=("add2", "mul21"), split="heldout").take(0, 50)
+    heldout = ArithmeticTask(seed=3, kinds=("add2", "mul21"), split="test").take(0, 50)
     assert a == b
     assert not {p.question for p in a} & {p.question for p in heldout}
     assert {p.kind for p in a} == {"add2", "mul21"}
@@ -40,7 +40,8 @@ def test_cursor_resumes_without_repeating_or_skipping():
 def test_bad_arguments_name_what_was_expected():
     with pytest.raises(ValueError, match=r"unknown arithmetic kind 'add9'; registered: add1, add2"):
         ArithmeticTask(seed=0, kinds=("add9",))
-    with pytest.raises(ValueError, match=r"split must be one of \('train', 'heldout'\), got 'test'"):
-        ArithmeticTask(seed=0, split="test")
+    with pytest.raises(ValueError, match=r"split must be one of \('train', 'test', 'validation'\), "
+                                         r"got 'heldout'"):
+        ArithmeticTask(seed=0, split="heldout")
     with pytest.raises(ValueError, match="position must be an int ≥ 0, got -1"):
         PromptCursor(ArithmeticTask(seed=0)).load_state_dict({"position": -1})
