@@ -32,7 +32,7 @@ def test_run_configs_validate(name, arg):
 def test_a_lead_that_does_not_exist_fails_naming_the_field():
     from asyncrl.config import ConfigError
     c = importlib.import_module("experiments.grpo").get_config("tiny")
-    assert c.staleness.lead == "max"
+    assert c.staleness.lead == "auto"
     c.staleness.lead = "min"
     with pytest.raises(ConfigError, match=r"config.staleness.lead = 'min' is not allowed: 'auto'"):
         validate(c, device_count=8)
