@@ -74,6 +74,10 @@ class InstanceState:
     kv_pages_used: int = 0  # a paged cache's pages in use (contiguous: slots holding a row)
     kv_pages: int = 0  # pages in the pool (contiguous: slots)
     preemptions: int = 0  # sequences handed back for want of pages, since start
+    # How long the engine call in progress (a prefill or a decode step) has run, once its
+    # program is compiled (the first call of each kind is not counted); 0 while none runs.
+    # The driver's watchdog fails an instance stuck past rollout.stall_timeout_s.
+    stalled_s: float = 0.0
 
     @classmethod
     def starting(cls, instance: int, num_slots: int) -> "InstanceState":

@@ -25,9 +25,10 @@ and not checked here.
 The end: the driver waits for each follower's `follow` (distributed.stop_timeout_s, naming the
 actor), then the group leaves jax.distributed together (its shutdown is a barrier over every
 process), then the actors are killed. A follower that dies mid-run breaks the lead's next
-collective (its connections close; else JAX's heartbeat ends it): the lead's run fails with
-TrainerGroupError. One that fails but lives is logged and killed by a watcher, to the same
-effect.
+collective (its connections close): the lead's run fails with TrainerGroupError. One that
+fails but lives is logged and killed by a watcher, to the same effect. One that stops (SIGSTOP)
+or hangs stops its heartbeat: after distributed.heartbeat_timeout_s the lead exits naming it
+(asyncrl/distributed/group_watch.py).
 """
 
 from __future__ import annotations
@@ -91,6 +92,9 @@ class TrainerFollower:
         """Leaves jax.distributed, at the same time as every other process (a barrier)."""
         import jax
 
+        from asyncrl.distributed import group_watch
+
+        group_watch.stop()  # no heartbeat to a client that is shutting down
         jax.distributed.shutdown()
 
 
@@ -161,10 +165,14 @@ class Group:
         import jax
         import ray
 
+        from asyncrl.distributed import group_watch
         from asyncrl.distributed.trainer_ops import TrainerGroupError
 
         with self._lock:
             self._finishing.set()
+        # The run is over (the lead has said stop, or failed): followers that now return, are
+        # killed or leave stop beating, and that is no failure.
+        group_watch.stop()
         # A killed follower cannot join the shutdown barrier.
         errors, broken = [], bool(self._killed)
         try:
@@ -203,34 +211,29 @@ def form_group(c, workdir: str) -> Group:
     distributed.trainer_processes, after starting the other processes as Ray actors; or as
     distributed.* / JAX_* say (one process: nothing to join)."""
     from asyncrl.config import validate_distributed
+    from asyncrl.distributed.gpus import split_machine
     from asyncrl.distributed.trainer_group import initialize
 
     validate_distributed(c)  # before Ray starts: a bad field costs nothing
+    # Before JAX's backend starts here too: CUDA reads the GPUs this process keeps once.
+    split_machine(c)
     d = c.distributed
     if d.trainer_processes <= 1:
         initialize(d)
         return Group()
     import ray
 
-    from asyncrl.distributed.cluster import actor_environment, connect, reported_addresses
+    from asyncrl.distributed.cluster import connect, reported_addresses
+    from asyncrl.distributed.gpus import check_cluster
     from asyncrl.distributed.trainer_group import GroupSettings
-    from asyncrl.host_devices import cpu_device_count
 
     n = d.trainer_processes
     cluster = connect(d)
     followers: list[Follower] = []
     try:
+        check_cluster(c)  # Ray itself would wait for GPUs no node offers without end
         address = coordinator_address(loopback=d.ray_address == "local")
-        actor_class = ray.remote(TrainerFollower).options(
-            num_cpus=d.trainer_cpus, num_gpus=d.trainer_gpus,
-            resources={d.trainer_resource: 1} if d.trainer_resource else None,
-            # A follower's failure fails the group (JAX cannot take a process back mid-job):
-            # no restart; the whole run is restarted and resumes from its checkpoint.
-            max_restarts=0,
-            # This process's platform (one jax.distributed job runs on one) and, on a CPU,
-            # its device count: JAX's and Orbax's multi-process collectives need equal counts.
-            runtime_env={"env_vars": actor_environment(
-                cpu_device_count() or c.mesh.trainer_devices, os.environ.get("JAX_PLATFORMS", ""))})
+        actor_class = ray.remote(TrainerFollower).options(**follower_options(c))
         from asyncrl.distributed.code_version import CodeVersionError, code_version
 
         actors = [actor_class.remote(i, code_version()) for i in range(1, n)]
@@ -250,20 +253,34 @@ def form_group(c, workdir: str) -> Group:
         absolute = workdir if "://" in workdir else os.path.abspath(workdir)
         check_shared_workdir(absolute, followers, n, d.start_timeout_s)
         for f in followers:
-            f.ref = f.actor.follow.remote(c, absolute, GroupSettings(address, n, f.index),
-                                          os.getcwd())
+            f.ref = f.actor.follow.remote(
+                c, absolute, GroupSettings(address, n, f.index, d.heartbeat_timeout_s), os.getcwd())
         # The console's line about the group (tests read its addresses).
         print(f"trainer group of {n} processes: coordinator {address}; Ray reports "
               f"{', '.join(reported_addresses())}; "
               + "; ".join(f"process {f.index}: pid {f.info['pid']} on {f.info['node']}"
                           for f in followers), file=sys.stderr, flush=True)
-        initialize(GroupSettings(address, n, 0), timeout_s=int(d.start_timeout_s))
+        initialize(GroupSettings(address, n, 0, d.heartbeat_timeout_s),
+                   timeout_s=int(d.start_timeout_s))
     except BaseException:
         for f in followers:
             ray.kill(f.actor)
         cluster.close()
         raise
     return Group(n, followers, cluster, d.stop_timeout_s)
+
+
+def follower_options(c) -> dict:
+    """The Ray options of a follower actor (`cluster.actor_options`): this process's platform
+    (one jax.distributed job runs on one) and, on a CPU, its device count (JAX's and Orbax's
+    multi-process collectives need equal counts)."""
+    from asyncrl.distributed.cluster import actor_options
+    from asyncrl.host_devices import cpu_device_count
+
+    d = c.distributed
+    return actor_options(d.trainer_cpus, d.trainer_gpus, d.trainer_resource,
+                         cpu_device_count() or c.mesh.trainer_devices,
+                         os.environ.get("JAX_PLATFORMS", ""))
 
 
 def check_shared_workdir(workdir: str, followers: list[Follower], n: int, timeout_s: float) -> None:

@@ -182,6 +182,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.distributed.ray_num_cpus = 0  # the local head's CPUs (0: every core)
     c.distributed.ray_object_store_mb = 1024  # the local head's object store
     c.distributed.instance_cpus = 1.0  # Ray resources each instance actor asks for
+    # GPUs each instance actor reserves (Ray sets its CUDA_VISIBLE_DEVICES; 0: it is shown no
+    # GPU). On one machine the job keeps the first mesh.trainer_devices GPUs, Ray hands out
+    # the rest (asyncrl/distributed/gpus.py).
     c.distributed.instance_gpus = 0.0
     # One unit of this custom resource per actor ('': none): only nodes started with it
     # (`ray start --resources='{"asyncrl_rollout": 1}'`) host instances, e.g. TPU hosts
@@ -192,7 +195,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # address on the network the hosts share.
     c.distributed.transfer_host = "127.0.0.1"
     c.distributed.poll_wait_s = 0.5  # an idle actor answers a poll after at most this long
-    c.distributed.heartbeat_timeout_s = 60.0  # no answer for longer: the instance has failed
+    # No answer for longer: the instance, or a trainer-group process, has failed.
+    c.distributed.heartbeat_timeout_s = 60.0
     c.distributed.start_timeout_s = 300.0  # an actor's start: its JAX, engine, first weights
     c.distributed.pull_timeout_s = 120.0  # one weight pull, under a watchdog
     c.distributed.stop_timeout_s = 30.0
@@ -210,7 +214,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # three fields above (those are for starting every process yourself).
     c.distributed.trainer_processes = 1
     c.distributed.trainer_cpus = 1.0  # Ray resources each follower trainer actor asks for
-    c.distributed.trainer_gpus = 0.0
+    c.distributed.trainer_gpus = 0.0  # as instance_gpus, for each follower trainer actor
     # One unit of this custom resource per follower ('': any node): only nodes started with
     # it (`ray start --resources='{"asyncrl_trainer": 1}'`) host the trainer's processes.
     c.distributed.trainer_resource = ""

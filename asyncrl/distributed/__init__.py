@@ -7,8 +7,11 @@
     transport.py        one weight transport interface: device_put, Ray's object store,
                         jax.experimental.transfer; every pull named by version and id
     cluster.py          joining or starting a Ray cluster (loopback-only on one machine)
+    gpus.py             each actor's own GPUs; on one GPU VM the job's trainer keeps its own
     trainer_group.py    jax.distributed for a trainer spread over processes and hosts
     trainer_ops.py      the run's trainer collectives: process 0 leads, the others follow
+    group_watch.py      the trainer group's heartbeats: process 0 ends a job whose follower
+                        went silent, naming it, rather than wait in a collective forever
 
 Import-light on purpose: the config check reads the names below without loading Ray or JAX.
 """

@@ -17,6 +17,7 @@ launch scripts carried to this node (RAY_AUTH_TOKEN or ~/.ray/auth_token).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -25,7 +26,10 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Sequence
 
+from asyncrl.distributed.gpus import VISIBLE, ray_gpus
+from asyncrl.distributed.gpus import actor_environment as gpu_environment
 from asyncrl.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -94,8 +98,10 @@ class Cluster:
             ray.shutdown()
 
 
-def start_local(num_cpus: int = 0, object_store_mb: int = 1024) -> Cluster:
-    """A loopback-only head in this process (see the module docstring)."""
+def start_local(num_cpus: int = 0, object_store_mb: int = 1024,
+                gpus: Sequence[str] | None = None) -> Cluster:
+    """A loopback-only head in this process (see the module docstring), offering `gpus`
+    (CUDA's ids; None: the GPUs Ray finds, as this process sees them)."""
     # Before Ray is imported: it reads these then. A token the caller chose (a test,
     # launch/one_machine.sh) wins over a fresh one.
     os.environ.update(loopback_environment(os.environ.get("RAY_AUTH_TOKEN")))
@@ -111,15 +117,38 @@ def start_local(num_cpus: int = 0, object_store_mb: int = 1024) -> Cluster:
         AuthenticationTokenLoader.instance().reset_cache()
         ray._private.ray_constants.ENABLE_RAY_CLUSTER = False
     kwargs = {"num_cpus": num_cpus} if num_cpus else {}
-    _keeping_signal_handlers(lambda: ray.init(
-        address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-        object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False, **kwargs))
+    if gpus is not None:
+        kwargs["num_gpus"] = len(gpus)
+    with _visible_gpus(gpus):
+        _keeping_signal_handlers(lambda: ray.init(
+            address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+            object_store_memory=object_store_mb * 1024 * 1024, configure_logging=False,
+            **kwargs))
     outside = [a for a in reported_addresses() if not is_loopback(a)]
     if outside:
         ray.shutdown()
         raise ClusterError(f"the one-machine Ray head advertises {', '.join(outside)}, not "
                            "127.0.0.1 alone; refusing to run on a reachable address")
     return Cluster(owned=True)
+
+
+@contextlib.contextmanager
+def _visible_gpus(gpus: Sequence[str] | None):
+    """CUDA_VISIBLE_DEVICES naming `gpus` while the head starts: its raylet, and every worker
+    it spawns, inherit the variable as it is then, and Ray maps an actor's share of the GPUs
+    onto those ids. This process's own value (its trainer's GPUs) is put back after."""
+    if gpus is None:
+        yield
+        return
+    kept = os.environ.get(VISIBLE)
+    os.environ[VISIBLE] = ",".join(gpus)
+    try:
+        yield
+    finally:
+        if kept is None:
+            os.environ.pop(VISIBLE, None)
+        else:
+            os.environ[VISIBLE] = kept
 
 
 def join(address: str) -> Cluster:
@@ -145,7 +174,7 @@ def connect(distributed) -> Cluster:
     if ray.is_initialized():
         return Cluster(owned=False)
     if distributed.ray_address == "local":
-        return start_local(distributed.ray_num_cpus, distributed.ray_object_store_mb)
+        return start_local(distributed.ray_num_cpus, distributed.ray_object_store_mb, ray_gpus())
     return join(distributed.ray_address)
 
 
@@ -172,9 +201,11 @@ def package_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(asyncrl.__file__)))
 
 
-def actor_environment(devices: int, platform: str) -> dict[str, str]:
-    """Variables of an instance actor's process, set before it imports JAX: its own device
-    count on a CPU, the platform asked for, and this asyncrl on the path."""
+def actor_environment(devices: int, platform: str, gpus: float = 0.0) -> dict[str, str]:
+    """Variables of an actor's process, set before it imports JAX: its own device count on a
+    CPU, the platform asked for, its GPU memory share for the `gpus` it reserves (none shown
+    if none: `gpus.actor_environment`), and this asyncrl on the path. Never the driver's
+    CUDA_VISIBLE_DEVICES: Ray sets each actor's to the GPUs it assigned."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]
     env = {"XLA_FLAGS": " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"]),
@@ -182,7 +213,21 @@ def actor_environment(devices: int, platform: str) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1"}
     if platform:
         env["JAX_PLATFORMS"] = platform
+    env.update(gpu_environment(gpus))
     return env
+
+
+def actor_options(cpus: float, gpus: float, resource: str, devices: int, platform: str,
+                  **more) -> dict:
+    """The Ray options of one of the run's actors (an instance, a trainer follower): what it
+    reserves (its GPUs become its own: `asyncrl.distributed.gpus`), one unit of `resource` if
+    named, and its process's environment (`actor_environment`)."""
+    return dict(num_cpus=cpus, num_gpus=gpus, resources={resource: 1} if resource else None,
+                # Never Ray's restart: the driver respawns a failed instance behind a fresh
+                # stand-in (`asyncrl.distributed.rejoin`), and a failed follower fails its
+                # group (JAX cannot take a process back mid-job; the run resumes instead).
+                max_restarts=0,
+                runtime_env={"env_vars": actor_environment(devices, platform, gpus)}, **more)
 
 
 # ---------------------------------------------------------------------------- TPU VM slices

@@ -12,11 +12,12 @@ the same commands.
 
 Timeouts, each naming the instance: the start (`start_timeout_s`: the actor's process, JAX,
 engine and first weights), every poll after it (`poll_wait_s + heartbeat_timeout_s`: an actor
-that stops answering is failed), the stop.
-A failed instance (dead actor, silent actor, an error it reported) is killed, so nothing it
-still sends can reach the server, and the core gets `Failed`: it re-routes what it held. With
-a `Rejoiner` (`distributed.max_instance_restarts` > 0) a fresh actor and a fresh stand-in then
-take its place; this one stays failed, and its late reports are never applied.
+that stops answering is failed), the stop. An actor that answers while its engine is stuck in
+one call is failed by the driver's watchdog (`fail`; rollout.stall_timeout_s).
+A failed instance (dead actor, silent actor, an error it reported, a stuck engine) is killed,
+so nothing it still sends can reach the server, and the core gets `Failed`: it re-routes what
+it held. With a `Rejoiner` (`distributed.max_instance_restarts` > 0) a fresh actor and a fresh
+stand-in then take its place; this one stays failed, and its late reports are never applied.
 """
 
 from __future__ import annotations
@@ -145,6 +146,12 @@ class RemoteInstance:
 
     def request_drop(self, trajectory_ids) -> None:
         self._command("drop", tuple(trajectory_ids))
+
+    def fail(self, reason: str) -> None:
+        """The driver gave up on this instance (`reason`, after its name, says why: its engine
+        stuck, say): failed as when its actor dies, killed, its work re-routed, a fresh actor
+        in its place if restarts are left."""
+        self._fail(reason)
 
     def _command(self, name: str, args: Any, trajectories: int = 0) -> None:
         with self._lock:

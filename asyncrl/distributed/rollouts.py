@@ -26,7 +26,8 @@ from jax.sharding import Mesh
 
 from asyncrl.distributed import transport_name
 from asyncrl.distributed.actor import InstanceActor, InstanceSpec
-from asyncrl.distributed.cluster import actor_environment, connect
+from asyncrl.distributed.cluster import actor_options, connect
+from asyncrl.distributed.gpus import check_cluster, split_machine
 from asyncrl.distributed.rejoin import Rejoiner
 from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
 from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
@@ -75,6 +76,14 @@ def ray_rollouts(c, policy, meshes, data) -> Rollouts:
     return Rollouts(c, policy, data, instances, instances.publisher)
 
 
+def instance_options(c) -> dict:
+    """The Ray options of an instance actor (`cluster.actor_options`)."""
+    d = c.distributed
+    # poll, command and start run at once: start waits for an offer a command brings.
+    return actor_options(d.instance_cpus, d.instance_gpus, d.instance_resource,
+                         c.mesh.devices_per_instance, d.instance_platform, max_concurrency=4)
+
+
 class RayInstances:
     """The InstanceSet of Ray actors: the cluster (joined here), the transport's
     WeightPublisher, and a RemoteInstance per actor, restarted by a Rejoiner if configured."""
@@ -94,8 +103,10 @@ class RayInstances:
     def __init__(self, c, policy, layout_mesh: Mesh):
         self.c, self.policy = c, policy
         self.rejoiner: Rejoiner | None = None  # made with the instances, in attach
+        split_machine(c)  # a no-op after asyncrl.main's (before JAX): for runs started otherwise
         self.cluster = connect(c.distributed)
         try:
+            check_cluster(c)  # Ray itself would wait for GPUs no node offers without end
             name, layout, kwargs = transport_name(c.distributed), None, {}
             if name == "jax_transfer":
                 layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
@@ -119,16 +130,7 @@ class RayInstances:
             kv=KVOptions.of_rollout(c.rollout))
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
-        actor_class = ray.remote(InstanceActor).options(
-            num_cpus=d.instance_cpus, num_gpus=d.instance_gpus,
-            resources={d.instance_resource: 1} if d.instance_resource else None,
-            # poll, command and start run at once: start waits for an offer a command brings.
-            max_concurrency=4,
-            # Not Ray's restart: the driver respawns a failed actor behind a fresh stand-in
-            # (`asyncrl.distributed.rejoin` says why).
-            max_restarts=0,
-            runtime_env={"env_vars": actor_environment(c.mesh.devices_per_instance,
-                                                       d.instance_platform)})
+        actor_class = ray.remote(InstanceActor).options(**instance_options(c))
 
         def stand_in(i: int) -> RemoteInstance:
             return RemoteInstance(i, actor_class.remote(i, spec), driver.server,

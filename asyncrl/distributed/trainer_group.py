@@ -14,8 +14,11 @@ otherwise; here it binds the coordinator address itself (127.0.0.1 on one machin
 node's address across hosts: `bind_address`). On CPU the processes' collectives go through
 gloo, chosen before the backend starts.
 
-Failure: one process that dies ends the whole job (JAX's heartbeat, `heartbeat_timeout_s`):
-the trainer group is restarted together, from the last checkpoint.
+Failure: one process that dies or goes silent ends the whole job: a dead one breaks the next
+collective (`TrainerGroupError`); a stopped or hung one is caught by the group's watchdog
+(asyncrl/distributed/group_watch.py: followers beat through jax.distributed's key-value store,
+process 0 exits naming the silent one after `distributed.heartbeat_timeout_s`). The trainer
+group is restarted together, from the last checkpoint.
 
     python -m asyncrl.distributed.trainer_group --steps=3    # the group check (every process)
 """
@@ -31,9 +34,13 @@ import logging
 import os
 import socket
 
+from asyncrl.distributed import group_watch
 from asyncrl.distributed.cluster import is_loopback
 
 log = logging.getLogger(__name__)
+
+
+HEARTBEAT_TIMEOUT_S = 60.0  # where the settings name none (the group check's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +48,8 @@ class GroupSettings:
     coordinator_address: str  # '' when there is no group; 'auto': JAX detects (TPU)
     num_processes: int
     process_id: int
+    # A follower silent for longer has failed (asyncrl/distributed/group_watch.py).
+    heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
 
 class GroupError(ValueError):
@@ -61,24 +70,33 @@ def settings(distributed, environ=os.environ) -> GroupSettings:
         if not 0 <= pid < n:
             raise GroupError(f"process id {pid} is not in [0, {n}) (distributed.process_id "
                              f"or JAX_PROCESS_ID)")
-    return GroupSettings(address, n, pid)
+    return GroupSettings(address, n, pid,
+                         float(getattr(distributed, "heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)))
 
 
 def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSettings:
-    """Joins this process to its trainer group, before JAX's backend starts."""
+    """Joins this process to its trainer group, before JAX's backend starts; then process 0
+    watches the others' heartbeats and they beat (asyncrl/distributed/group_watch.py)."""
     import jax
 
     group = settings(distributed, environ)
     if group.num_processes <= 1 and group.coordinator_address != "auto":
         return group
+    heartbeat = group_watch.backstop_s(group.heartbeat_timeout_s)
     if group.coordinator_address == "auto":
-        jax.distributed.initialize(initialization_timeout=timeout_s)
-        return GroupSettings("auto", jax.process_count(), jax.process_index())
-    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    bind = bind_address(group.coordinator_address) if group.process_id == 0 else None
-    jax.distributed.initialize(group.coordinator_address, group.num_processes, group.process_id,
-                               coordinator_bind_address=bind, initialization_timeout=timeout_s)
+        jax.distributed.initialize(initialization_timeout=timeout_s,
+                                   heartbeat_timeout_seconds=heartbeat)
+        group = GroupSettings("auto", jax.process_count(), jax.process_index(),
+                              group.heartbeat_timeout_s)
+    else:
+        if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+            jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        bind = bind_address(group.coordinator_address) if group.process_id == 0 else None
+        jax.distributed.initialize(group.coordinator_address, group.num_processes,
+                                   group.process_id, coordinator_bind_address=bind,
+                                   initialization_timeout=timeout_s,
+                                   heartbeat_timeout_seconds=heartbeat)
+    group_watch.start(group.process_id, group.num_processes, group.heartbeat_timeout_s)
     return group
 
 
@@ -229,6 +247,7 @@ def main() -> None:
     parser.add_argument("--coordinator_address", default="")
     parser.add_argument("--num_processes", type=int, default=0)
     parser.add_argument("--process_id", type=int, default=-1)
+    parser.add_argument("--heartbeat_timeout_s", type=float, default=HEARTBEAT_TIMEOUT_S)
     args = parser.parse_args()
     print(json.dumps(check(args.steps, args)), flush=True)
 

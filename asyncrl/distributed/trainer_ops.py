@@ -33,6 +33,7 @@ import logging
 import jax
 import numpy as np
 
+from asyncrl.distributed import group_watch
 from asyncrl.distributed.trainer_group import gather, share
 from asyncrl.train.checkpoint import Checkpointer, ResumeData
 from asyncrl.train.trainer import TrainBatch, Trainer, TrainState
@@ -55,12 +56,16 @@ class TrainerGroup:
         self.trainer, self.checkpointer = trainer, checkpointer
         self.processes = jax.process_count()
         self._broken = False  # a collective failed: the others cannot be told anything more
+        self._trained: int | None = None  # the last train step, as the metrics count them
 
     def step(self, state: TrainState, batch: TrainBatch):
         if self.processes == 1:
             return self.trainer.step(state, self.trainer.put_batch(batch))
-        with self._collective(STEP, {"shapes": _shapes(batch)}):
-            return self.trainer.step(state, self.trainer.put_batch(share(batch, self.trainer.mesh)))
+        step = int(np.asarray(batch.buffer_version)) + 1  # batch v trains version v into v + 1
+        with self._collective(STEP, {"shapes": _shapes(batch)}, f"the train step {step}"):
+            out = self.trainer.step(state, self.trainer.put_batch(share(batch, self.trainer.mesh)))
+        self._trained = step
+        return out
 
     def host_params(self, state: TrainState):
         """Weights process 0 can hand to its rollouts and evaluator. In a group the arrays
@@ -80,19 +85,29 @@ class TrainerGroup:
 
     def stop(self, failed: bool = False) -> None:
         """Tells the followers to leave (unless a collective already broke), then closes the
-        checkpointer: its async saves finish together on every process."""
+        checkpointer: its async saves finish together on every process. From here on the
+        followers' silence is no failure: the watchdog stops."""
         try:
             if self.processes > 1 and not self._broken:
                 with self._collective(FAIL if failed else STOP, {}):
                     pass
         finally:
+            group_watch.stop()
             self.checkpointer.close()
 
     @contextlib.contextmanager
-    def _collective(self, op: int, header: dict):
+    def _collective(self, op: int, header: dict, what: str = ""):
+        """Announces `op` and runs it (the body), under the watchdog's eye (`what`: the name
+        its error gives the operation)."""
+        watch = group_watch.current()
+        if not what:
+            what = f"the {_NAMES[op]} " + (f"after the train step {self._trained}"
+                                           if self._trained else "before the first train step")
+        doing = watch.doing(what) if watch else contextlib.nullcontext()
         try:
-            announce(op, header, self.trainer.mesh)
-            yield
+            with doing:
+                announce(op, header, self.trainer.mesh)
+                yield
         except Exception as error:
             self._broken = True
             raise group_error(op, error) from error

@@ -78,7 +78,8 @@ class Rollouts:
             self.core = core_from_config(c, self.server,
                                          PromptStream(c, policy, data.train, data.cursor))
             self.driver = ThreadedDriver(self.core, self.server, parameters, self.rewards,
-                                         self._reward_request)
+                                         self._reward_request,
+                                         stall_timeout_s=c.rollout.stall_timeout_s)
             instances.attach(self.driver)
             undo.pop_all()
 

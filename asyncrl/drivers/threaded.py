@@ -8,6 +8,11 @@ coordinator signals when the core announces the batch, and publishes weights wit
 
 Every call into the core holds one lock, so the trainer's consume and a checkpoint's
 snapshot of the core, the servers and the protocol see one consistent state.
+
+The watchdog: an instance whose snapshot shows its engine stuck in one call (a compiled
+prefill or decode step, `stalled_s`) for longer than `stall_timeout_s` (rollout.stall_timeout_s)
+is failed (`instance.fail`), as if it had died: the core re-routes what it held, and a Ray
+instance with restarts left is replaced. It still answered polls; it just made no progress.
 """
 
 from __future__ import annotations
@@ -72,11 +77,14 @@ class ThreadedDriver:
     """Runs `core` against `instances` (built with `reporter` as their reporter)."""
 
     def __init__(self, core: Core, server: TrajectoryServer, parameters: ParameterServer,
-                 rewards: Any, score: Callable[[int], tuple[str, str, dict]], tick_s: float = 0.005):
+                 rewards: Any, score: Callable[[int], tuple[str, str, dict]], tick_s: float = 0.005,
+                 stall_timeout_s: float | None = None):
         """`score(trajectory_id)` gives (reward name, response text, reward kwargs) for the
-        reward pool; `rewards` is the pool (`submit`, `poll`)."""
+        reward pool; `rewards` is the pool (`submit`, `poll`). `stall_timeout_s`: the
+        watchdog's deadline (None: no watchdog)."""
         self.core, self.server, self.parameters = core, server, parameters
         self.rewards, self._score, self.tick_s = rewards, score, tick_s
+        self.stall_timeout_s = stall_timeout_s
         self.events: queue.Queue[Event] = queue.Queue()
         self.reporter = _Reporter(self.events)
         self.instances: list[RolloutInstance] = []
@@ -163,9 +171,16 @@ class ThreadedDriver:
                                  "" if outcome.ok else str(outcome.error)))
         for instance in self.instances:
             state = instance.snapshot()
-            if state.alive:
+            if state.alive and not self._stalled(instance, state):
                 events.append(state)
         return events
+
+    def _stalled(self, instance, state) -> bool:
+        """The watchdog: fails `instance` if its engine call has run past the deadline."""
+        reason = stall_reason(state.stalled_s, self.stall_timeout_s)
+        if reason is not None:
+            instance.fail(reason)
+        return reason is not None
 
     def _apply(self, commands: Sequence[Command]) -> None:
         for command in commands:
@@ -194,3 +209,12 @@ class ThreadedDriver:
             log.warning("%s", error)
             self.events.put(Failed(command.instance, str(error)))
 
+
+def stall_reason(stalled_s: float, deadline_s: float | None) -> str | None:
+    """Why an instance whose engine call has run `stalled_s` has failed (it follows the
+    instance's name), or None while within `deadline_s` (None: no deadline)."""
+    if deadline_s is None or not stalled_s > deadline_s:
+        return None
+    return (f"made no progress for {stalled_s:.0f} s: its engine is stuck in one prefill or "
+            f"decode step, compiled already (rollout.stall_timeout_s = {deadline_s:g} s; a "
+            f"compile is not counted); failed, its work is re-routed")

@@ -40,7 +40,10 @@ def _worker_main(connection: multiprocessing.connection.Connection, plugins: tup
         importlib.import_module(module)
 
     while True:
-        message = connection.recv()
+        try:
+            message = connection.recv()
+        except EOFError:  # the pool's process ended without closing it (killed, or os._exit)
+            return
         if message is None:
             return
         name, kwargs = message

@@ -20,6 +20,12 @@ to it:
 Its state, `snapshot()`, is the one `asyncrl.records.InstanceState` the coordinator takes.
 The driver calls `submit` and the `request_*` methods from its own thread.
 
+A stuck engine: the snapshot says how long the engine call in progress (a prefill or a decode
+step) has run (`stalled_s`), from the second call of each kind on (the first compiles, which
+on a loaded host takes minutes). The driver's watchdog calls `fail` on an instance stuck past
+its deadline: it then takes and reports nothing more, and the coordinator re-routes what it
+held. Its thread cannot be stopped inside the call; it ends if the call ever returns.
+
 The instance composes the engine (device state: prefill, insert, generate, weights an argument
 of each) with the host records of its slots (asyncrl/rollout/slots.py).
 """
@@ -27,6 +33,8 @@ of each) with the host records of its slots (asyncrl/rollout/slots.py).
 from __future__ import annotations
 
 import collections
+import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -47,10 +55,16 @@ class TrajectorySink(Protocol):
                finish_reason: str | None) -> bool: ...
 
 
+class InstanceStalled(RuntimeError):
+    """The driver's watchdog gave up on an instance whose engine call does not return."""
+
+
 class RolloutInstance:
     def __init__(self, instance_id: int, engine: Engine,
                  pull: Callable[[int], tuple[int, Any] | None], sink: TrajectorySink,
-                 reporter: EventSink, partial_rollout: bool = True, preemption: str = "newest"):
+                 reporter: EventSink, partial_rollout: bool = True, preemption: str = "newest",
+                 clock: Callable[[], float] = time.monotonic):
+        """`clock`: what `stalled_s` is measured by (tests pass a fake one)."""
         self.id = instance_id
         self.partial_rollout = partial_rollout
         self.engine = engine
@@ -76,6 +90,9 @@ class RolloutInstance:
         self._prefill_tokens = 0
         self._prefill_s = 0.0
         self._preemptions = 0
+        self._clock = clock
+        self._call: tuple[str, float] | None = None  # the engine call in progress: kind, start
+        self._compiled: set[str] = set()  # kinds of engine call that have returned once
         self._snapshot = InstanceState.starting(instance_id, engine.num_slots)
         self._thread = threading.Thread(target=self._run, name=f"rollout-{instance_id}", daemon=True)
 
@@ -89,7 +106,9 @@ class RolloutInstance:
     def stop(self, timeout: float = 60.0) -> None:
         self._stop.set()
         self._wake.set()
-        if self._thread.is_alive():
+        with self._lock:
+            failed = not self._alive  # its thread has ended, or is stuck where none can reach
+        if self._thread.is_alive() and not failed:
             self._thread.join(timeout)
 
     @property
@@ -99,7 +118,27 @@ class RolloutInstance:
 
     def snapshot(self) -> InstanceState:
         with self._lock:
-            return self._snapshot
+            snapshot, call = self._snapshot, self._call
+        if call is None or call[0] not in self._compiled or not snapshot.alive:
+            return snapshot
+        return dataclasses.replace(snapshot, stalled_s=self._clock() - call[1])
+
+    def fail(self, reason: str) -> None:
+        """The driver gave up on this instance (`reason` says why, after its name): it takes
+        no work and reports nothing from here on, and reports its failure (the coordinator
+        re-routes what it held). Its thread ends if the call it is stuck in returns."""
+        error = InstanceStalled(f"rollout instance {self.id} {reason}")
+        with self._lock:
+            if not self._alive:
+                return
+            self._alive = False
+            self._queue.clear()
+            self._snapshot = dataclasses.replace(self._snapshot, alive=False)
+            log.error("%s", error)
+            # Under the lock: a submit refused from here on is reported after this.
+            self._reporter.failed(self.id, error)
+        self._stop.set()
+        self._wake.set()
 
     def submit(self, work: Work) -> None:
         with self._lock:
@@ -144,7 +183,8 @@ class RolloutInstance:
                 if len(self.slots.free_slots()) < self.engine.num_slots:
                     start = time.perf_counter()
                     self._preempt()
-                    state = self.slots.step(self._params, state, version=self._version)
+                    with self._engine_call("decode"):
+                        state = self.slots.step(self._params, state, version=self._version)
                     self._report_finished()
                     self._decode_s += time.perf_counter() - start
                     self._decode_steps += 1
@@ -156,12 +196,26 @@ class RolloutInstance:
                 with self._lock:
                     self._refresh_snapshot()
         except BaseException as error:  # the coordinator re-routes everything it held
-            log.exception("rollout instance %d failed", self.id)
             with self._lock:
+                if not self._alive:  # failed already (`fail`): reported then
+                    return
                 self._alive = False
                 self._queue.clear()
                 self._refresh_snapshot()
+            log.exception("rollout instance %d failed", self.id)
             self._reporter.failed(self.id, error)
+
+    @contextlib.contextmanager
+    def _engine_call(self, kind: str):
+        """A prefill or a decode step: `snapshot().stalled_s` counts while one runs."""
+        with self._lock:
+            self._call = (kind, self._clock())
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._call = None
+                self._compiled.add(kind)
 
     def _apply_commands(self) -> None:
         while True:
@@ -242,13 +296,17 @@ class RolloutInstance:
             if not live:
                 continue
             start = time.perf_counter()
-            state = self.slots.start(self._params, state, live, free[:len(live)],
-                                     version=self._version)
+            with self._engine_call("prefill"):
+                state = self.slots.start(self._params, state, live, free[:len(live)],
+                                         version=self._version)
             self._prefill_s += time.perf_counter() - start
             self._prefill_tokens += len(live[0].prompt) + len(live[0].tokens)
         return state
 
     def _report(self, record: Trajectory, finish_reason: str | None) -> bool:
+        with self._lock:
+            if not self._alive:  # failed: what it held runs elsewhere now
+                return False
         return self._sink.report(record.trajectory_id, record.tokens, record.logprobs,
                                  record.policy_logprobs, record.versions, finish_reason)
 

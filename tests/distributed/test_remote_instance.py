@@ -113,3 +113,23 @@ def test_the_snapshot_counts_what_the_actor_has_not_applied_yet():
     snapshot = remote.snapshot()
     assert (snapshot.queued, snapshot.syncing) == (3, True)  # the sync (seq 2) is still pending
     assert [s[1:3] for s in actor.sent] == [(1, "submit"), (2, "sync")]
+
+
+def test_a_stuck_engine_the_actor_reports_is_failed_by_the_driver_as_a_dead_actor_is(monkeypatch):
+    import ray
+
+    killed = []  # ray.kill itself would start a Ray cluster here, to refuse a fake actor
+    monkeypatch.setattr(ray, "kill", lambda actor, no_restart: killed.append(actor))
+    remote, actor, events = stand_in(TrajectoryServer())
+    # The actor's snapshot, taken while its engine call had run 75 s: passed on as it came.
+    remote._snapshot = InstanceState(instance=1, version=0, running=2, queued=0, kv_tokens=9,
+                                     num_slots=8, syncing=False, stalled_s=75.0)
+    assert remote.snapshot().stalled_s == 75.0
+    remote.fail("made no progress for 75 s")  # the driver's watchdog (its actor is killed)
+    [failed] = drain(events)
+    assert (failed.instance, failed.rejoining) == (1, False)
+    assert failed.error == "InstanceLost: rollout instance 1 (Ray actor, pid ?) made no progress for 75 s"
+    assert not remote.snapshot().alive and killed == [actor]
+    remote.fail("again")
+    remote.request_drop((3,))
+    assert drain(events) == [] and actor.sent == []  # failed once; nothing more is sent

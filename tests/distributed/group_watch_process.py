@@ -1,0 +1,46 @@
+"""One process of a two-process trainer group, for tests/distributed/test_group_watch.py:
+
+    python -m tests.distributed.group_watch_process PORT PROCESS_ID HEARTBEAT_TIMEOUT_S
+
+The real `initialize` (jax.distributed on 127.0.0.1, the heartbeats), the real TrainerGroup
+(process 0: weight gathers, one after another, each printed) and `follow` (process 1), with a
+stand-in trainer: a mesh of one CPU device per process and host arrays for weights. No model,
+no compile beyond the gather's.
+"""
+
+import itertools
+import os
+import sys
+import time
+import types
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
+
+
+def main(port: str, process_id: int, heartbeat_timeout_s: float) -> None:
+    from asyncrl.distributed.trainer_group import GroupSettings, initialize
+
+    initialize(GroupSettings(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s))
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from asyncrl.distributed.trainer_ops import TrainerGroup, follow
+
+    trainer = types.SimpleNamespace(mesh=Mesh(np.asarray(jax.devices()), ("fsdp",)),
+                                    policy_params=lambda params: params)
+    checkpointer = types.SimpleNamespace(close=lambda: None)
+    state = types.SimpleNamespace(params={"w": np.arange(4, dtype=np.float32)})
+    if process_id > 0:
+        follow(trainer, checkpointer, state)
+        return
+    group = TrainerGroup(trainer, checkpointer)
+    for i in itertools.count():
+        group.host_params(state)
+        print(f"gathered {i}", flush=True)
+        time.sleep(0.2)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))

@@ -1,0 +1,53 @@
+"""The threaded driver's watchdog: an instance whose snapshot shows its engine stuck in one
+call past the deadline is failed once, by name, and its state no longer reaches the core. How
+an instance measures `stalled_s` and what `fail` does: tests/rollout/test_instance.py (local),
+tests/distributed/test_remote_instance.py (Ray)."""
+
+import dataclasses
+
+from asyncrl.drivers.threaded import ThreadedDriver, stall_reason
+from asyncrl.records import InstanceState
+from asyncrl.servers.trajectory import TrajectoryServer
+
+
+class Instance:
+    def __init__(self, i: int, stalled_s: float):
+        self.state = dataclasses.replace(InstanceState.starting(i, 4), version=0, running=2,
+                                         stalled_s=stalled_s)
+        self.failures = []
+
+    def snapshot(self):
+        return self.state
+
+    def fail(self, reason):  # as both kinds do: from now on its snapshot says dead
+        self.failures.append(reason)
+        self.state = dataclasses.replace(self.state, alive=False)
+
+
+class NoRewards:
+    def poll(self):
+        return []
+
+
+def driver(stall_timeout_s):
+    return ThreadedDriver(None, TrajectoryServer(), None, NoRewards(), None, tick_s=0.0,
+                          stall_timeout_s=stall_timeout_s)
+
+
+def test_an_instance_stuck_past_the_deadline_is_failed_once_naming_how_long_and_the_setting():
+    d = driver(300.0)
+    slow, stuck = Instance(0, 300.0), Instance(1, 312.4)
+    d.instances = [slow, stuck]
+    assert d._gather() == [slow.state]  # 300 s is the deadline, not past it
+    assert slow.failures == [] and stuck.failures == [
+        "made no progress for 312 s: its engine is stuck in one prefill or decode step, "
+        "compiled already (rollout.stall_timeout_s = 300 s; a compile is not counted); failed, "
+        "its work is re-routed"]
+    assert d._gather() == [slow.state] and len(stuck.failures) == 1
+
+
+def test_without_a_deadline_nothing_is_failed():
+    d = driver(None)
+    d.instances = [Instance(0, 1e9)]
+    assert d._gather() == [d.instances[0].state] and d.instances[0].failures == []
+    assert stall_reason(1e9, None) is None and stall_reason(0.0, 1.0) is None
