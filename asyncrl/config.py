@@ -125,7 +125,7 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     the trainer mesh takes mesh.trainer_devices of every process and the instances run on
     process 0's (asyncrl/placement.py), so each process is checked for what it must hold.
     `local_files`: check that the files the config names exist here (not when planning a
-    run for other machines, asyncrl/plan.py).
+    run for other machines, asyncrl/plan/planner.py).
     """
     # A config with several faults reports them one at a time, in this order; the reward
     # plugins register their rewards before task.reward is looked up among them.

@@ -33,10 +33,10 @@ from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
-from asyncrl.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
+from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
-from asyncrl.hbm import check_devices_hold_the_state
+from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
 from asyncrl.progress import Progress
 from asyncrl.rewards import REWARDS

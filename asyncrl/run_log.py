@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from asyncrl.accuracy import BackgroundEvaluator, EvalResult, describe
+from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, describe
 from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
 from asyncrl.progress import Progress
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch

@@ -311,9 +311,9 @@ def paged_figures(args, graphdef, config, params, sampling, max_len):
 
 def decode_bytes_figures():
     """Bytes one decode step compiled for a TPU v5e on this host accesses, over parameters
-    plus live KV (asyncrl/decode_cost.py; worst of max_len 1,024 / 4,096 at mean
+    plus live KV (asyncrl/plan/decode_cost.py; worst of max_len 1,024 / 4,096 at mean
     lengths max/8 and max/4, 64 sequences, bf16)."""
-    from asyncrl import decode_cost  # needs libtpu
+    from asyncrl.plan import decode_cost  # needs libtpu
 
     print()
     return decode_cost.summary(decode_cost.table())

@@ -2,18 +2,29 @@
 
     python benchmarks/transport.py                  # 512 MiB, ~1 min on a 2-core CPU
     python benchmarks/transport.py --mib=1024 --repeats=5
+    python benchmarks/transport.py --receivers=4 --dtype=bfloat16 --transports=object_store,jax_transfer
 
-One pytree of float32 arrays (`--mib` in all) goes, per transport, from this process (the
-trainer's side) to a rollout instance, and arrives on the instance's device:
+One pytree of arrays (`--mib` in all, float32 or `--dtype=bfloat16`, what a bf16 run pushes)
+goes, per transport, from this process (the trainer's side) to `--receivers` rollout instances
+at once (one version staged once, every receiver pulling it, as after a publish), and arrives
+on each instance's device:
   device_put    in-process, from device 0 to device 1 (the local backend's pull);
   object_store  host copy + `ray.put` here, `ray.get` (zero-copy) + device_put in a Ray actor;
   jax_transfer  a copy laid out here, pulled by a Ray actor through jax.experimental.transfer.
-Each is timed as staging (here) plus the pull (on the receiving side, its own clock), best of
-`--repeats`, and compared with a plain in-process copy of the same bytes (host memcpy,
-`np.copyto`, best of the repeats). Ray runs on a loopback-only head (one machine).
+Each is timed as staging (here) plus the pull (on the receiving side, its own clock; with
+several receivers the slowest one's), best of `--repeats`, and compared with a plain
+in-process copy of the same bytes (host memcpy, `np.copyto`, best of the repeats). `bytes_per_s`
+is one copy of the weights over that time (every receiver got one). Ray runs on a
+loopback-only head (one machine). device_put is one receiver whatever `--receivers` says (this
+process has one other device to put to).
 
-The last line is JSON: {"bytes": …, "copy_bytes_per_s": …, "transports": {name:
-{"bytes_per_s": …, "ratio_to_copy": …, "stage_s": …, "pull_s": …}}}.
+Where it ran is part of every figure: the JSON names the JAX platform and device kind, and on
+a CPU the printed lines say the figures are CPU figures (host memory on both sides, no
+interconnect: they say nothing of a GPU's NVLink or a TPU's ICI/DCN).
+
+The last line is JSON: {"bytes": …, "dtype": …, "receivers": …, "platform": …, "device_kind": …,
+"copy_bytes_per_s": …, "transports": {name: {"bytes_per_s": …, "ratio_to_copy": …, "stage_s": …,
+"pull_s": …, "receivers": …}}}.
 """
 
 from __future__ import annotations
@@ -64,10 +75,11 @@ class Puller:
         return seconds
 
 
-def weights(mib: int) -> list[np.ndarray]:
-    per_leaf = mib * (1 << 20) // LEAVES // 4
+def weights(mib: int, dtype: str = "float32") -> list[np.ndarray]:
+    kind = np.dtype(dtype)  # bfloat16: registered with NumPy by JAX (ml_dtypes)
+    per_leaf = mib * (1 << 20) // LEAVES // kind.itemsize
     rng = np.random.default_rng(0)
-    return [rng.standard_normal(per_leaf, dtype=np.float32) for _ in range(LEAVES)]
+    return [rng.standard_normal(per_leaf, dtype=np.float32).astype(kind) for _ in range(LEAVES)]
 
 
 def copy_seconds(host: list[np.ndarray], repeats: int) -> float:
@@ -98,23 +110,25 @@ def in_process(host: list[np.ndarray], repeats: int) -> tuple[float, float]:
     return best[1], best[0] - best[1]
 
 
-def remote(name: str, host: list[np.ndarray], repeats: int) -> tuple[float, float]:
+def remote(name: str, host: list[np.ndarray], repeats: int, receivers: int) -> tuple[float, float]:
     params = jax.block_until_ready(jax.device_put(host, SingleDeviceSharding(jax.devices()[0])))
     sender = make_sender(name, **({"host": "127.0.0.1"} if name == "jax_transfer" else {}))
-    actor = ray.remote(Puller).options(num_cpus=0, runtime_env={
-        "env_vars": actor_environment(1, "cpu")}).remote(name)
+    actors = [ray.remote(Puller).options(num_cpus=0, runtime_env={
+        "env_vars": actor_environment(1, "cpu")}).remote(name) for _ in range(receivers)]
     best = (float("inf"), 0.0)
     try:
         for version in range(repeats):
             start = time.perf_counter()
             sender.stage(version, params)
             stage_s = time.perf_counter() - start
-            handle = sender.offer("puller")
-            pull_s = ray.get(actor.pull.remote(handle), timeout=600)
+            handles = [sender.offer(f"puller{i}") for i in range(receivers)]
+            # Every receiver pulls at once; the version is there when the last one has it.
+            pull_s = max(ray.get([a.pull.remote(h) for a, h in zip(actors, handles)], timeout=600))
             best = min(best, (stage_s + pull_s, stage_s), key=lambda x: x[0])
-            del handle
+            del handles
     finally:
-        ray.kill(actor)
+        for actor in actors:
+            ray.kill(actor)
         sender.close()
     return best[1], best[0] - best[1]
 
@@ -124,8 +138,13 @@ def main():
     parser.add_argument("--mib", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--transports", default="device_put,object_store,jax_transfer")
+    parser.add_argument("--receivers", type=int, default=1,
+                        help="rollout instances pulling each version at once (Ray transports)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     args = parser.parse_args()
-    host = weights(args.mib)
+    if args.receivers < 1:
+        parser.error(f"--receivers: at least 1, got {args.receivers}")
+    host = weights(args.mib, args.dtype)
     nbytes = sum(x.nbytes for x in host)
     copy_s = copy_seconds(host, args.repeats)
     results = {}
@@ -138,16 +157,22 @@ def main():
         cluster = start_local(num_cpus=2, object_store_mb=max(2 * args.mib + 256, 1024))
         try:
             for name in remote_names:
-                results[name] = remote(name, host, args.repeats)
+                results[name] = remote(name, host, args.repeats, args.receivers)
         finally:
             cluster.close()
-    summary = {"bytes": nbytes, "copy_bytes_per_s": round(nbytes / copy_s), "transports": {}}
+    device = jax.devices()[0]
+    summary = {"bytes": nbytes, "dtype": args.dtype, "receivers": args.receivers,
+               "platform": device.platform, "device_kind": device.device_kind,
+               "copy_bytes_per_s": round(nbytes / copy_s), "transports": {}}
+    where = " (CPU figures: host memory both sides)" if device.platform == "cpu" else ""
     for name, (stage_s, pull_s) in results.items():
         rate = nbytes / (stage_s + pull_s)
+        receivers = 1 if name == "device_put" else args.receivers
         summary["transports"][name] = {"bytes_per_s": round(rate), "ratio_to_copy": round(rate * copy_s / nbytes, 4),
-                                       "stage_s": round(stage_s, 4), "pull_s": round(pull_s, 4)}
-        print(f"{name:13s} {rate / 1e9:6.2f} GB/s  ({stage_s:.3f} s staging + {pull_s:.3f} s pull; "
-              f"copy {nbytes / copy_s / 1e9:.2f} GB/s)")
+                                       "stage_s": round(stage_s, 4), "pull_s": round(pull_s, 4),
+                                       "receivers": receivers}
+        print(f"{name:13s} {rate / 1e9:6.2f} GB/s to {receivers} receiver(s){where}  ({stage_s:.3f} s "
+              f"staging + {pull_s:.3f} s pull; copy {nbytes / copy_s / 1e9:.2f} GB/s)")
     print(json.dumps(summary))
 
 

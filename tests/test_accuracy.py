@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.data.heldout import TEST, TRAIN_SET, VALIDATION
 from asyncrl.data.sources import build_task_data
-from asyncrl.accuracy import EvalResult, describe, pass_at_k
+from asyncrl.eval.accuracy import EvalResult, describe, pass_at_k
 
 
 def closed_form(n, c, k):

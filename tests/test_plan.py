@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from asyncrl import accelerators
+from asyncrl.plan import accelerators
 from asyncrl.config import validate
 from asyncrl.model import ModelConfig, abstract_params
 
@@ -111,7 +111,7 @@ class _Accelerator:
 
 
 def test_main_refuses_a_trainer_its_devices_cannot_hold_before_loading_weights():
-    from asyncrl.hbm import DoesNotFit, check_devices_hold_the_state
+    from asyncrl.plan.hbm import DoesNotFit, check_devices_hold_the_state
     from experiments import gsm8k
 
     c = gsm8k.get_config("qwen2.5-7b")
@@ -145,8 +145,8 @@ def test_a_cpu_run_is_planned_as_one_host_figure_of_counted_parts():
 
 
 def test_a_host_that_cannot_hold_the_run_names_its_largest_part():
-    from asyncrl.hbm import DoesNotFit
-    from asyncrl.plan import Part, check_host_fits
+    from asyncrl.plan.hbm import DoesNotFit
+    from asyncrl.plan.planner import Part, check_host_fits
 
     cpu = accelerators.parse("cpu")
     assert cpu.kind == "cpu" and cpu.chip.hbm_bytes > 0

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def test_topology_names():
-    from asyncrl.tpu_compile import topology_devices
+    from asyncrl.plan.tpu_compile import topology_devices
 
     assert len(topology_devices("v5e:1x1")) == 1
     assert len(topology_devices("v5e:2x2")) == 4
@@ -26,7 +26,7 @@ def test_topology_names():
 
 def test_paged_decode_reads_less_than_contiguous():
     from asyncrl.model import ModelConfig
-    from asyncrl.decode_cost import decode_step_bytes
+    from asyncrl.plan.decode_cost import decode_step_bytes
 
     # head_dim 128: the TPU ragged paged attention kernel needs a multiple of 128.
     config = ModelConfig.tiny(head_dim=128, param_dtype="bfloat16")

@@ -168,7 +168,7 @@ def _flat_decode() -> bool:
 
 def _target_platform() -> str:
     """The platform a trace is compiled for: the default device's where one is set (a compile
-    for a TPU topology from a CPU host, asyncrl/tpu_compile.py, sets a TPU device), else the
+    for a TPU topology from a CPU host, asyncrl/plan/tpu_compile.py, sets a TPU device), else the
     default backend's."""
     device = jax.config.jax_default_device
     if device is None:
@@ -240,7 +240,7 @@ _UNROLL_LAYERS = contextvars.ContextVar("unroll_layers", default=False)
 def unrolled_layers():
     """While active, `Decoder.hidden` traces its layer scan fully unrolled.
 
-    For cost analysis only (asyncrl/tpu_compile.py): XLA's cost analysis counts a while
+    For cost analysis only (asyncrl/plan/tpu_compile.py): XLA's cost analysis counts a while
     loop's body once whatever its trip count, so a scanned model reads as one layer's bytes
     and flops. Unrolled, every layer is its own code and is counted. Off by default because
     compile time then grows with depth. It is read at trace time and jit's cache does not know

@@ -11,7 +11,7 @@ from asyncrl.data.arithmetic import (KINDS, MIN_SPACE_FOR_HELDOUT, ArithmeticTas
                                      DistinctProblems, PromptCursor, part_of)
 from asyncrl.data.heldout import TEST, TRAIN_SET, VALIDATION
 from asyncrl.data.sources import build_task_data
-from asyncrl.accuracy import EvalResult, describe
+from asyncrl.eval.accuracy import EvalResult, describe
 
 SEEDS = (0, 1, 2, 3, 4)
 TRAIN_DRAWS = 5_000  # per kind, spread over SEEDS

@@ -1,5 +1,5 @@
 """Whether a run's devices can hold it: the part of planning that asyncrl.main also does,
-against its real accelerators, before it loads any weights (asyncrl/plan.py plans the rest)."""
+against its real accelerators, before it loads any weights (asyncrl/plan/planner.py plans the rest)."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
                         split: str = "validation") -> dict:
     from asyncrl import config as config_lib
     from asyncrl.data.sources import build_task_data
-    from asyncrl.accuracy import Evaluator, describe
+    from asyncrl.eval.accuracy import Evaluator, describe
     from asyncrl.model import graphdef_for
     from asyncrl.policy import encode
 

@@ -44,7 +44,7 @@ _GPU = re.compile(r"(\d+)x(H100|H200|A100)")
 
 @dataclasses.dataclass(frozen=True)
 class Accelerator:
-    """`chips` of one kind; `topology` names them for `asyncrl.tpu_compile` (TPU only)."""
+    """`chips` of one kind; `topology` names them for `asyncrl.plan.tpu_compile` (TPU only)."""
 
     name: str
     kind: str  # "tpu" | "gpu"

@@ -4,14 +4,14 @@
     python -m asyncrl.plan --config=experiments/gsm8k.py:qwen2.5-1.5b --trainer=8xH100 --rollout=8xH100 --eta=1
 
 On TPU the run's own programs are compiled for the accelerator's topology on this host, with
-the run's shardings (asyncrl/tpu_compile.py, libtpu needed, no TPU): the train step on the
+the run's shardings (asyncrl/plan/tpu_compile.py, libtpu needed, no TPU): the train step on the
 trainer's chips, the engine's prefill and decode dispatch on one rollout instance's, and the
 cast of the float32 master weights to the weights rollout receives. XLA's memory analysis of
 each is the HBM plan. On GPU the same programs are compiled for this host's CPU (XLA:GPU is
 not installed here) and read the same way: their buffer sizes match what a GPU allocates to
 within layouts and fusions, and the plan says so.
 
-Times are rooflines on the chip's datasheet (asyncrl/accelerators.py), their assumptions
+Times are rooflines on the chip's datasheet (asyncrl/plan/accelerators.py), their assumptions
 printed: the train step at its FLOPs (6 per parameter per token, 8 with full remat, plus
 attention), decode at the bytes it must read (parameters and live KV; the paged engine read
 1.04-1.05x that in XLA's analysis of its TPU step, docs/results.md), prefill at 2 FLOPs per
@@ -22,7 +22,7 @@ against synchronous training on the same chips.
 
 `--trainer=cpu --rollout=cpu` plans a local CPU run (the config's own layout on this host's
 CPU devices, one process): every device's memory is the host's, so the plan is one host
-figure, counted from the same compiled programs (asyncrl/plan.py `host_part`), against the
+figure, counted from the same compiled programs (asyncrl/plan/planner.py `host_part`), against the
 host's memory. No datasheet, so no times or split for a CPU.
 
 The last line printed is one JSON object. A placement that cannot fit ends with one
@@ -47,10 +47,10 @@ import time  # noqa: E402
 
 from absl import flags  # noqa: E402
 
-from asyncrl import accelerators  # noqa: E402
-from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.plan import accelerators  # noqa: E402
+from asyncrl.cli import define_config_flag  # noqa: E402
 from asyncrl.errors import UserError  # noqa: E402
-from asyncrl.hbm import DoesNotFit, model_of, param_count  # noqa: E402
+from asyncrl.plan.hbm import DoesNotFit, model_of, param_count  # noqa: E402
 
 _CONFIG = define_config_flag("experiments/gsm8k.py:qwen2.5-7b", "Experiment config to plan.")
 _TRAINER = flags.DEFINE_string("trainer", None, "The trainer's chips: a Cloud TPU accelerator "
@@ -88,7 +88,7 @@ class Part:
 def _devices(accelerator, count: int):
     import jax
 
-    from asyncrl.tpu_compile import topology_devices
+    from asyncrl.plan.tpu_compile import topology_devices
 
     if accelerator.kind == "tpu":
         try:
@@ -171,7 +171,7 @@ def _compiled(fn, args, devices, donate_argnums=()):
 
     import jax
 
-    from asyncrl.tpu_compile import analysis, compile_for
+    from asyncrl.plan.tpu_compile import analysis, compile_for
 
     try:
         return analysis(compile_for(fn, args, devices, donate_argnums=donate_argnums))
@@ -634,6 +634,3 @@ def main(argv):
                   _RESPONSE_MEDIAN.value)
     print(json.dumps(result))
 
-
-if __name__ == "__main__":
-    run_main(main)

@@ -8,7 +8,7 @@ cache reads each row's whole max_len; a paged cache with the TPU ragged kernel r
 pages below each row's length. Their ratio to the ideal says how much of a step's memory
 traffic is waste.
 
-The step is compiled for a TPU topology on this host (asyncrl/tpu_compile.py) and measured
+The step is compiled for a TPU topology on this host (asyncrl/plan/tpu_compile.py) and measured
 with XLA's cost analysis, corrected for what that analysis cannot see:
   - layers: the model scans its layers, and XLA counts a loop body once; the step is compiled
     a second time with the scan unrolled (`unrolled_layers`) and that program's bytes taken;
@@ -20,11 +20,11 @@ with XLA's cost analysis, corrected for what that analysis cannot see:
 XLA's bytes also count data the compiler stages through VMEM, at each hop, and how much it
 stages shifts with the program: the same paged step with a 4x larger pool reads 66% more
 by XLA's count (3.7 -> 6.1 GB at Qwen2.5-1.5B shape) though it touches the same pages. So a
-second figure takes that traffic out (`asyncrl.tpu_compile.vmem_bytes`):
+second figure takes that traffic out (`asyncrl.plan.tpu_compile.vmem_bytes`):
 hbm_bytes = corrected_bytes - 2 * vmem_bytes (3.23 and 3.26 GB for those two, before the
 kernel's reads are added).
 
-    python -m asyncrl.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
+    python -m asyncrl.plan.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
                                               # the worst ratio of each as one JSON line
 """
 
@@ -43,7 +43,7 @@ from asyncrl.model.paged import _attend_tpu_ragged, live_kv_bytes
 from asyncrl.model.transformer import unrolled_layers
 from asyncrl.rollout.engine import Engine, _generate
 from asyncrl.model.sampling import SamplingParams
-from asyncrl.tpu_compile import analysis, compile_for, custom_call_bytes, topology_devices
+from asyncrl.plan.tpu_compile import analysis, compile_for, custom_call_bytes, topology_devices
 
 
 def _nbytes(tree) -> int:
