@@ -257,7 +257,7 @@ class ArithmeticTask:
         self.seed = seed
         self.split = split
         self.style = style
-        self._heldout: DistinctProblems | None = None
+        self._listed: DistinctProblems | None = None  # a validation or test split
         if split in HELDOUT_PARTS:
             too_small = {k.name: k.size for k in self._kinds if not k.has_heldout}
             if too_small:
@@ -266,12 +266,12 @@ class ArithmeticTask:
                     f"{', '.join(f'{n} has {s} problems' for n, s in too_small.items())}, fewer "
                     f"than the {MIN_SPACE_FOR_HELDOUT} a held-out part needs; evaluate on "
                     f"train problems instead (DistinctProblems(..., part='train'))")
-            self._heldout = DistinctProblems(seed, self.kinds, split, style)
+            self._listed = DistinctProblems(seed, self.kinds, split, style)
 
     def __len__(self) -> int:
-        if self._heldout is None:
+        if self._listed is None:
             raise TypeError("arithmetic task: the train split is endless and has no length")
-        return len(self._heldout)
+        return len(self._listed)
 
     def __bool__(self) -> bool:
         return True  # never empty; without this, testing the train split's truth calls __len__
@@ -279,8 +279,8 @@ class ArithmeticTask:
     def __getitem__(self, index: int) -> Problem:
         if index < 0:
             raise IndexError(f"arithmetic task: problem index must be ≥ 0, got {index}")
-        if self._heldout is not None:
-            return self._heldout[index]
+        if self._listed is not None:
+            return self._listed[index]
         rng = np.random.default_rng([self.seed, SPLITS.index("train"), index])
         kind = self._kinds[int(rng.integers(len(self._kinds)))]
         held_out = _heldout_mask(kind)

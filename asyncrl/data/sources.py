@@ -29,15 +29,17 @@ from typing import Any
 from asyncrl.config_args import ConfigError
 from asyncrl.data import math_data
 from asyncrl.data.arithmetic import (KINDS, MIN_SPACE_FOR_HELDOUT, ArithmeticTask,
-                                     DistinctProblems, PromptCursor, has_heldout_split, part_of)
-from asyncrl.data.heldout import TRAIN_SET, carve_validation, disjoint_heldout
+                                     DistinctProblems, HELDOUT_PARTS, PromptCursor,
+                                     has_heldout_split, part_of)
+from asyncrl.data.heldout import (TRAIN_SET, VALIDATION_FRACTION, carve_validation,
+                                  disjoint_heldout)
 
 log = logging.getLogger(__name__)
 
 DATASETS = ("arithmetic", *math_data.FORMATS)
 
 
-SPLITS = ("validation", "test")  # what a run evaluates
+SPLITS = HELDOUT_PARTS  # what a run evaluates: ("validation", "test")
 
 
 @dataclasses.dataclass
@@ -78,8 +80,8 @@ def build_task_data(task, heldout_size: int, workdir: str | pathlib.Path) -> Tas
     if len(validation) < heldout_size:
         raise ConfigError(f"config.eval.heldout_size = {heldout_size} is more than the "
                           f"{len(validation)} validation problems carved out of "
-                          f"config.task.train_path = {task.train_path!r} (a tenth of its "
-                          f"{len(train_file)} problems by construction)")
+                          f"config.task.train_path = {task.train_path!r} ({VALIDATION_FRACTION:.0%} of "
+                          f"its {len(train_file)} problems by construction)")
     if len(test) < heldout_size:
         dropped = (f" ({check.read} read, less {check.overlapping} also in "
                    f"config.task.train_path = {task.train_path!r} and {check.duplicates} "

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 
 from asyncrl.distributed.gpus import VISIBLE, ray_gpus
-from asyncrl.distributed.gpus import actor_environment as gpu_environment
+from asyncrl.distributed.gpus import gpu_environment
 from asyncrl.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ def package_root() -> str:
 def actor_environment(devices: int, platform: str, gpus: float = 0.0) -> dict[str, str]:
     """Variables of an actor's process, set before it imports JAX: its own device count on a
     CPU, the platform asked for, its GPU memory share for the `gpus` it reserves (none shown
-    if none: `gpus.actor_environment`), and this asyncrl on the path. Never the driver's
+    if none: `gpus.gpu_environment`), and this asyncrl on the path. Never the driver's
     CUDA_VISIBLE_DEVICES: Ray sets each actor's to the GPUs it assigned."""
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
              if not f.startswith("--xla_force_host_platform_device_count")]

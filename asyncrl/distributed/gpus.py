@@ -5,7 +5,7 @@ GPUs of its own and sets the actor's CUDA_VISIBLE_DEVICES to them before it runs
 actor's JAX sees those alone. An actor that reserves none keeps its node's variable as it was
 (Ray 2.60 no longer clears it): it would see, and JAX would preallocate on, every GPU its
 node has, those other actors reserved included. So such an actor is shown no GPU
-(`actor_environment`), and a cluster that offers GPUs to actors that may run JAX on one yet
+(`gpu_environment`), and a cluster that offers GPUs to actors that may run JAX on one yet
 ask for none is refused, naming the field (`check_asks`).
 
 One machine (`ray_address = 'local'`): the job's own trainer runs on this machine's GPUs,
@@ -183,7 +183,7 @@ def _gpu_backend_started() -> bool:
     return jax.default_backend() == "gpu"
 
 
-def actor_environment(gpus: float, environ=os.environ) -> dict[str, str]:
+def gpu_environment(gpus: float, environ=os.environ) -> dict[str, str]:
     """An actor's GPU variables for `gpus` reserved: none shown when it reserves none (Ray
     would leave it every GPU of its node), else its share of JAX's preallocation."""
     if not gpus:

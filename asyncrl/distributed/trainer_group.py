@@ -70,8 +70,7 @@ def settings(distributed, environ=os.environ) -> GroupSettings:
         if not 0 <= pid < n:
             raise GroupError(f"process id {pid} is not in [0, {n}) (distributed.process_id "
                              f"or JAX_PROCESS_ID)")
-    return GroupSettings(address, n, pid,
-                         float(getattr(distributed, "heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)))
+    return GroupSettings(address, n, pid, float(distributed.heartbeat_timeout_s))
 
 
 def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSettings:

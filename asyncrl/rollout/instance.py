@@ -119,7 +119,8 @@ class RolloutInstance:
     def snapshot(self) -> InstanceState:
         with self._lock:
             snapshot, call = self._snapshot, self._call
-        if call is None or call[0] not in self._compiled or not snapshot.alive:
+            counted = call is not None and call[0] in self._compiled and snapshot.alive
+        if not counted:
             return snapshot
         return dataclasses.replace(snapshot, stalled_s=self._clock() - call[1])
 

@@ -25,7 +25,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def unset(**changes):
-    return ConfigDict({"coordinator_address": "", "num_processes": 0, "process_id": -1, **changes})
+    return ConfigDict({"coordinator_address": "", "num_processes": 0, "process_id": -1,
+                       "heartbeat_timeout_s": 60.0, **changes})
 
 
 def test_settings_come_from_flags_then_the_environment():
