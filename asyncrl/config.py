@@ -24,7 +24,7 @@ from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, route
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
 from asyncrl.data.sources import DATASETS, SPLITS
-from asyncrl.distributed import BACKENDS, TRANSPORTS
+from asyncrl.distributed import BACKENDS, TPU_HOST_CHIP_BOUNDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
@@ -385,6 +385,11 @@ def validate_distributed(config) -> None:
     if d.instance_platform not in ("", "cpu", "cuda", "gpu", "tpu", "rocm"):
         _fail("distributed.instance_platform", d.instance_platform,
               "'' (as the node has it) or a JAX platform: cpu, cuda, gpu, rocm, tpu")
+    if d.instance_platform == "tpu" and config.mesh.devices_per_instance not in TPU_HOST_CHIP_BOUNDS:
+        *most, last = TPU_HOST_CHIP_BOUNDS
+        _fail("mesh.devices_per_instance", config.mesh.devices_per_instance,
+              f"{', '.join(map(str, most))} or {last} with distributed.instance_platform = 'tpu': "
+              "each instance is a TPU process alone on its host, owning that many chips")
     if d.coordinator_address not in ("", "auto") and ":" not in d.coordinator_address:
         _fail("distributed.coordinator_address", d.coordinator_address,
               "'' (from JAX_COORDINATOR_ADDRESS), 'host:port' of process 0, or 'auto' (a TPU "

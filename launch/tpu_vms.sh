@@ -25,6 +25,10 @@
 # With two slices, the rollout hosts join the Ray head on the trainer slice's worker 0 by the
 # internal address `gcloud ... describe` gives; a dry run, which creates nothing, prints
 # HEAD_IP in its place. Extra flags after `--` go to asyncrl.main.
+# Every process that is alone on a host of a multi-host slice (each instance; worker 0's
+# trainer with one slice) is made a TPU slice of its own, owning the host's --chips chips
+# (`python -m asyncrl.distributed.cluster --tpu-isolation=CHIPS` prints the variables); the
+# trainer slice of the two-slice layout stays one slice, its hosts one jax.distributed group.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
@@ -135,7 +139,14 @@ run_job() {
     instances=$hosts
     group="--config.distributed.trainer_processes=$trainer_hosts --config.distributed.trainer_resource=asyncrl_trainer "
   fi
-  local job="RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
+  local isolated=""
+  if [[ -z $trainer_slice ]]; then
+    # One slice: worker 0's trainer is a TPU process alone on its host, as each instance is
+    # on its own (the instances' actors get theirs from the job: distributed.instance_platform
+    # = tpu); without it its TPU runtime would wait for every host of the slice to join it.
+    isolated="isolation=\$(python -m asyncrl.distributed.cluster --tpu-isolation=$chips) && env \$isolation "
+  fi
+  local job="${isolated}RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
   if (( foreground )); then
     on 0 "$venv && $job"
     return

@@ -90,6 +90,9 @@ def test_tpu_vms_dry_run_creates_sets_up_starts_runs_and_tears_down():
     assert len(job) == 1 and "--worker=0" in job[0]
     assert "--config.distributed.instance_resource=asyncrl_rollout" in job[0]
     assert "--config.mesh.rollout_instances=3 --config.mesh.devices_per_instance=4" in job[0]
+    # Worker 0's trainer is alone on its host, as each instance is (tests/distributed/test_tpu_hosts.py).
+    assert ("isolation=$(python -m asyncrl.distributed.cluster --tpu-isolation=4) && env $isolation "
+            "RAY_AUTH_MODE=token python -m asyncrl.main") in job[0]
     assert lines[-1] == f"{tpu} delete rl {where} --quiet"
 
 
@@ -120,6 +123,7 @@ def test_tpu_vms_dry_run_with_a_slice_per_role_forms_the_trainer_group_on_its_ow
     assert ("--config.distributed.trainer_processes=2 --config.distributed.trainer_resource="
             "asyncrl_trainer --config.mesh.trainer_devices=4 --config.mesh.rollout_instances=4 "
             "--config.mesh.devices_per_instance=4") in job
+    assert "--tpu-isolation" not in job  # the trainer slice is one slice: its hosts one group
 
 def test_tpu_slice_dry_runs_run_the_same_command_on_every_worker():
     check, = dry_run("tpu_slice.sh", "check", "--zone=z")

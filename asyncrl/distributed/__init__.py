@@ -20,6 +20,11 @@ from asyncrl.registry import Registry
 
 BACKENDS = ("local", "ray")  # config.distributed.backend
 
+# A TPU process alone on its host of a multi-host slice, by the chips it owns (its first ones):
+# the chip bounds its TPU runtime is told, so that it forms a slice of its own
+# (`cluster.tpu_isolation`) rather than wait for the slice's other hosts to join it.
+TPU_HOST_CHIP_BOUNDS = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,4,1"}
+
 # config.distributed.transport -> the backends it serves and where it lives (loaded on use).
 TRANSPORTS = Registry("weight transport")
 TRANSPORTS.add("device_put", {"backends": ("local",), "class": "DevicePutTransport"})

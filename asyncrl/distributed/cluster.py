@@ -232,6 +232,28 @@ def actor_options(cpus: float, gpus: float, resource: str, devices: int, platfor
 
 # ---------------------------------------------------------------------------- TPU VM slices
 
+# The port a host's one isolated TPU process serves its (single-process) runtime on.
+TPU_ISOLATED_PORT = 8476
+
+
+def tpu_isolation(chips: int) -> dict[str, str]:
+    """The environment that makes a process on one host of a multi-host TPU slice a slice of
+    its own, owning the host's first `chips` chips. Without it every process's TPU runtime
+    joins the whole slice and blocks until a process on every host does, which the Ray
+    layouts (independent instances, a trainer apart from them) never do. One such process
+    per host: they would share the chips and the port."""
+    from asyncrl.distributed import TPU_HOST_CHIP_BOUNDS
+
+    if chips not in TPU_HOST_CHIP_BOUNDS:
+        *most, last = TPU_HOST_CHIP_BOUNDS
+        raise ClusterError(f"a TPU process alone on its host owns {', '.join(map(str, most))} "
+                           f"or {last} chips, not {chips!r}")
+    return {"TPU_PROCESS_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_HOST_CHIP_BOUNDS[chips],
+            "TPU_VISIBLE_CHIPS": ",".join(map(str, range(chips))),
+            "TPU_PROCESS_PORT": str(TPU_ISOLATED_PORT),
+            "TPU_PROCESS_ADDRESSES": f"localhost:{TPU_ISOLATED_PORT}", "CLOUD_TPU_TASK_ID": "0"}
+
+
 TPU_METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
                 "worker-network-endpoints")
 
@@ -264,5 +286,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Cluster addresses for the launch scripts.")
     parser.add_argument("--tpu-worker-0", action="store_true",
                         help="print the address of this TPU VM slice's worker 0")
-    if parser.parse_args().tpu_worker_0:
+    parser.add_argument("--tpu-isolation", type=int, metavar="CHIPS",
+                        help="print the variables (NAME=value ...) that make a process owning "
+                             "this host's first CHIPS chips a TPU slice of its own")
+    args = parser.parse_args()
+    if args.tpu_worker_0:
         print(tpu_worker_addresses()[0])
+    if args.tpu_isolation is not None:
+        try:
+            print(" ".join(f"{k}={v}" for k, v in tpu_isolation(args.tpu_isolation).items()))
+        except ClusterError as e:
+            sys.exit(f"error: --tpu-isolation: {e}")

@@ -26,7 +26,7 @@ from jax.sharding import Mesh
 
 from asyncrl.distributed import transport_name
 from asyncrl.distributed.actor import InstanceActor, InstanceSpec
-from asyncrl.distributed.cluster import actor_options, connect
+from asyncrl.distributed.cluster import actor_options, connect, tpu_isolation
 from asyncrl.distributed.gpus import check_cluster, split_machine
 from asyncrl.distributed.rejoin import Rejoiner
 from asyncrl.distributed.remote_instance import RemoteInstance, Timeouts
@@ -77,11 +77,15 @@ def ray_rollouts(c, policy, meshes, data) -> Rollouts:
 
 
 def instance_options(c) -> dict:
-    """The Ray options of an instance actor (`cluster.actor_options`)."""
+    """The Ray options of an instance actor (`cluster.actor_options`); on TPU hosts, each
+    instance a TPU slice of its own (`cluster.tpu_isolation`)."""
     d = c.distributed
     # poll, command and start run at once: start waits for an offer a command brings.
-    return actor_options(d.instance_cpus, d.instance_gpus, d.instance_resource,
-                         c.mesh.devices_per_instance, d.instance_platform, max_concurrency=4)
+    options = actor_options(d.instance_cpus, d.instance_gpus, d.instance_resource,
+                            c.mesh.devices_per_instance, d.instance_platform, max_concurrency=4)
+    if d.instance_platform == "tpu":
+        options["runtime_env"]["env_vars"].update(tpu_isolation(c.mesh.devices_per_instance))
+    return options
 
 
 class RayInstances:
