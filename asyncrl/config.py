@@ -385,9 +385,10 @@ def validate_distributed(config) -> None:
     if d.instance_platform not in ("", "cpu", "cuda", "gpu", "tpu", "rocm"):
         _fail("distributed.instance_platform", d.instance_platform,
               "'' (as the node has it) or a JAX platform: cpu, cuda, gpu, rocm, tpu")
-    if d.instance_platform == "tpu" and config.mesh.devices_per_instance not in TPU_HOST_CHIP_BOUNDS:
+    chips = config.mesh.devices_per_instance
+    if d.instance_platform == "tpu" and chips not in TPU_HOST_CHIP_BOUNDS:
         *most, last = TPU_HOST_CHIP_BOUNDS
-        _fail("mesh.devices_per_instance", config.mesh.devices_per_instance,
+        _fail("mesh.devices_per_instance", chips,
               f"{', '.join(map(str, most))} or {last} with distributed.instance_platform = 'tpu': "
               "each instance is a TPU process alone on its host, owning that many chips")
     if d.coordinator_address not in ("", "auto") and ":" not in d.coordinator_address:

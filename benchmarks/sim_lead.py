@@ -3,7 +3,7 @@ r"""Lead on demand (issue 29): `staleness.lead` auto against max in the cluster 
   python benchmarks/sim_lead.py            # ~6 CPU-minutes
   python benchmarks/sim_lead.py --seeds 0  # one seed
   python benchmarks/sim_lead.py --frontier=0,1,2,3,4 --seeds 0 --plot=docs/figures/lead_frontier.png
-                                           # the frontier: each lead at each η (~8 CPU-minutes)
+                                           # the frontier: each lead at each η (~2-3 minutes)
 
 The latency regime (asyncrl/sim/regimes.py: 32 fused 8-GPU instances, B = 128 × 16) at
 η = 2, each run over its steady window: rollout-bound with the regime's own trainer (4 GPUs

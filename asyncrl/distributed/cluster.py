@@ -28,6 +28,7 @@ import sys
 import threading
 from collections.abc import Sequence
 
+from asyncrl.distributed import TPU_HOST_CHIP_BOUNDS
 from asyncrl.distributed.gpus import VISIBLE, ray_gpus
 from asyncrl.distributed.gpus import gpu_environment
 from asyncrl.errors import UserError
@@ -242,13 +243,12 @@ def tpu_isolation(chips: int) -> dict[str, str]:
     joins the whole slice and blocks until a process on every host does, which the Ray
     layouts (independent instances, a trainer apart from them) never do. One such process
     per host: they would share the chips and the port."""
-    from asyncrl.distributed import TPU_HOST_CHIP_BOUNDS
-
     if chips not in TPU_HOST_CHIP_BOUNDS:
         *most, last = TPU_HOST_CHIP_BOUNDS
         raise ClusterError(f"a TPU process alone on its host owns {', '.join(map(str, most))} "
                            f"or {last} chips, not {chips!r}")
-    return {"TPU_PROCESS_BOUNDS": "1,1,1", "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_HOST_CHIP_BOUNDS[chips],
+    return {"TPU_PROCESS_BOUNDS": "1,1,1",
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_HOST_CHIP_BOUNDS[chips],
             "TPU_VISIBLE_CHIPS": ",".join(map(str, range(chips))),
             "TPU_PROCESS_PORT": str(TPU_ISOLATED_PORT),
             "TPU_PROCESS_ADDRESSES": f"localhost:{TPU_ISOLATED_PORT}", "CLOUD_TPU_TASK_ID": "0"}

@@ -57,4 +57,5 @@ def test_the_launch_scripts_read_the_variables_from_the_command_line():
     bad = subprocess.run(command[:-1] + ["--tpu-isolation=6"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert bad.returncode == 1 and bad.stdout == ""
-    assert bad.stderr == "error: --tpu-isolation: a TPU process alone on its host owns 1, 2, 4 or 8 chips, not 6\n"
+    assert bad.stderr == ("error: --tpu-isolation: a TPU process alone on its host owns "
+                          "1, 2, 4 or 8 chips, not 6\n")
