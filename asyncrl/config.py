@@ -386,6 +386,11 @@ def validate_distributed(config) -> None:
         _fail("distributed.instance_platform", d.instance_platform,
               "'' (as the node has it) or a JAX platform: cpu, cuda, gpu, rocm, tpu")
     chips = config.mesh.devices_per_instance
+    if d.instance_platform == "tpu" and d.ray_address == "local":
+        _fail("distributed.instance_platform", d.instance_platform,
+              "not 'tpu' with distributed.ray_address = 'local': each TPU instance owns its "
+              "host's first chips, and here the trainer and every instance share one host "
+              "(one TPU VM: the local backend; a slice: launch/tpu_vms.sh or tpu_slice.sh)")
     if d.instance_platform == "tpu" and chips not in TPU_HOST_CHIP_BOUNDS:
         *most, last = TPU_HOST_CHIP_BOUNDS
         _fail("mesh.devices_per_instance", chips,

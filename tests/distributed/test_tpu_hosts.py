@@ -22,6 +22,7 @@ ISOLATION = ("TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_VISIBLE_
 def on_tpu_hosts(**changes):
     return with_overrides(get_config("tiny"), {
         "distributed.backend": "ray", "distributed.instance_platform": "tpu",
+        "distributed.ray_address": "auto",
         **{k.replace("__", "."): v for k, v in changes.items()}})
 
 
@@ -46,6 +47,14 @@ def test_an_instance_size_no_tpu_host_holds_is_refused_naming_the_field():
         validate_distributed(on_tpu_hosts(mesh__devices_per_instance=3))
     with pytest.raises(ClusterError, match="owns 1, 2, 4 or 8 chips, not 3"):
         tpu_isolation(3)
+
+
+def test_tpu_instances_on_a_one_machine_ray_head_are_refused():
+    # Every instance would own the same first chips of the one host the trainer is on.
+    with pytest.raises(ConfigError, match=r"config.distributed.instance_platform = 'tpu' is not "
+                       r"allowed: not 'tpu' with distributed.ray_address = 'local'"):
+        validate_distributed(on_tpu_hosts(distributed__ray_address="local"))
+    validate_distributed(on_tpu_hosts())  # a cluster of hosts: one instance on each
 
 
 def test_the_launch_scripts_read_the_variables_from_the_command_line():
