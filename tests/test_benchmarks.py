@@ -7,7 +7,6 @@ ends with its documented keys, so an API change cannot leave a benchmark broken 
 
 import importlib.util
 import json
-import os
 import pathlib
 import subprocess
 import sys
