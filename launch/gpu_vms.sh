@@ -5,6 +5,7 @@
 #
 #   launch/gpu_vms.sh all --head=10.0.0.2 --workers="10.0.0.3 10.0.0.4" --gpus=8 --workdir=runs/gpu
 #   launch/gpu_vms.sh setup|start|run|wait|stop ...   # one phase at a time
+#   launch/gpu_vms.sh join --head=10.0.0.2 --workers=10.0.0.4 ...  # a worker VM back after a preemption
 #   launch/gpu_vms.sh --dry-run all ...          # print every command, run nothing
 #   launch/gpu_vms.sh all --via=netns --platform=cpu --head=10.213.77.1 --workers=10.213.77.2 --gpus=2
 #                                                # on hosts emulated in network namespaces
@@ -12,10 +13,12 @@
 # --repo is relative to each node's home. Extra flags after `--` go to asyncrl.main.
 # Phases: setup ships this checkout (rsync), makes a Python 3.11 venv (uv) and installs it
 # with jax[cuda12] and Ray on every node; start starts the head (no GPUs offered to actors:
-# the trainer owns them) and the workers; run starts the job on the head detached from ssh
-# (setsid nohup; its output in WORKDIR/job.log; --wait: then follow it); wait follows the
-# job's log until it ends and exits with its status; stop stops Ray on every node
-# (dedicated VMs). all: setup, start, run, wait, stop; a phase that fails stops Ray on every
+# the trainer owns them) and the workers; join starts Ray on --workers only, joining the
+# running head (a worker back from a preemption: the run's failed instances restart on it
+# within distributed.max_instance_restarts and start_timeout_s); run starts the job on the
+# head detached from ssh (setsid nohup; its output in WORKDIR/job.log; --wait: then follow
+# it); wait follows the job's log until it ends and exits with its status; stop stops Ray on
+# every node (dedicated VMs). all: setup, start, run, wait, stop; a phase that fails stops Ray on every
 # node before the script exits. --foreground: run the job in the foreground of ssh instead
 # (its output here, the script returns when it ends).
 # --via=netns: each node command runs on a host of launch/emulated_hosts.py (root; the nodes
@@ -33,7 +36,7 @@ foreground="" wait=0
 extra=()
 while (( $# )); do
   case $1 in
-    setup|start|run|wait|stop|all) phase=$1 ;;
+    setup|start|join|run|wait|stop|all) phase=$1 ;;
     --foreground) foreground=1 ;;
     --wait) wait=1 ;;
     --head=*) head=${1#*=} ;;
@@ -54,7 +57,7 @@ while (( $# )); do
   esac
   shift
 done
-[[ -n $phase ]] || die "name a phase: setup, start, run, wait, stop or all"
+[[ -n $phase ]] || die "name a phase: setup, start, join, run, wait, stop or all"
 [[ -n $head ]] || die "--head=HOST is required (the node that runs the trainer and the job)"
 read -r -a worker_list <<< "$workers"
 (( ${#worker_list[@]} )) || die "--workers=\"HOST ...\" is required (the nodes that run rollouts)"
@@ -99,28 +102,37 @@ setup() {
   done
 }
 
+# The token on each NODE, then Ray: the head and the workers (start), or the workers alone,
+# joining a head that runs (join: a worker VM that was preempted or rebooted comes back).
 start() {
-  local node
+  local head_offers="--num-gpus=0"
+  [[ $platform == cpu ]] && head_offers="--num-cpus=0 --num-gpus=0"  # the trainer's devices are the head's CPUs
   if [[ ! -s $token_file ]]; then
     step sh -c "umask 077 && python3 -c \"import secrets; print(secrets.token_hex(32))\" > $token_file"
   fi
-  for node in "${nodes[@]}"; do
-    on "$node" "mkdir -p ~/.ray && chmod 700 ~/.ray"
-    if [[ $via == netns ]]; then
-      on "$node" "cp $token_file ~/.ray/auth_token"
-    else
-      step scp "$token_file" "$user@$node:.ray/auth_token"
-    fi
-    on "$node" "chmod 600 ~/.ray/auth_token"
-  done
-  local head_offers="--num-gpus=0" worker_offers="--num-gpus=$gpus"
-  if [[ $platform == cpu ]]; then  # the trainer's devices are the head's CPUs
-    head_offers="--num-cpus=0 --num-gpus=0" worker_offers="--num-cpus=$gpus --num-gpus=0"
-  fi
+  give_token "$head"
   on "$head" "$venv && RAY_AUTH_MODE=token ray start --head --node-ip-address=$head --port=$port $head_offers --disable-usage-stats --include-dashboard=false"
+  join
+}
+
+join() {
+  local node worker_offers="--num-gpus=$gpus"
+  [[ $platform == cpu ]] && worker_offers="--num-cpus=$gpus --num-gpus=0"
+  [[ -s $token_file ]] || (( DRY_RUN )) || die "no Ray token at $token_file: join adds workers to the cluster that start started"
   for node in "${worker_list[@]}"; do
+    give_token "$node"
     on "$node" "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --node-ip-address=$node $worker_offers --disable-usage-stats"
   done
+}
+
+give_token() {
+  on "$1" "mkdir -p ~/.ray && chmod 700 ~/.ray"
+  if [[ $via == netns ]]; then
+    on "$1" "cp $token_file ~/.ray/auth_token"
+  else
+    step scp "$token_file" "$user@$1:.ray/auth_token"
+  fi
+  on "$1" "chmod 600 ~/.ray/auth_token"
 }
 
 run_job() {
@@ -155,6 +167,7 @@ stop() {
 case $phase in
   setup) setup ;;
   start) start ;;
+  join) join ;;
   run) run_job ;;
   wait) wait_job ;;
   stop) stop ;;

@@ -71,6 +71,16 @@ def test_gpu_vms_dry_run_carries_one_token_to_every_node():
     job = [l for l in lines if "asyncrl.main" in l]
     assert len(job) == 1 and "--config.distributed.ray_address=auto" in job[0]
     assert "--config.mesh.trainer_devices=8 --config.mesh.rollout_instances=16" in job[0]
+    # A worker back from a preemption: the token and Ray on it alone, as `start` does it.
+    join = dry_run("gpu_vms.sh", "join", "--head=10.0.0.2", "--workers=10.0.0.4", "--gpus=8",
+                   "--user=me")
+    assert join == ["ssh me@10.0.0.4 'mkdir -p ~/.ray && chmod 700 ~/.ray'",
+                    f"scp {token} me@10.0.0.4:.ray/auth_token",
+                    "ssh me@10.0.0.4 'chmod 600 ~/.ray/auth_token'",
+                    "ssh me@10.0.0.4 'cd asyncrl && . .venv/bin/activate && RAY_AUTH_MODE=token "
+                    "ray start --address=10.0.0.2:6379 --node-ip-address=10.0.0.4 --num-gpus=8 "
+                    "--disable-usage-stats'"]
+    assert all(line in lines for line in join)
 
 
 def test_tpu_vms_dry_run_creates_sets_up_starts_runs_and_tears_down():

@@ -179,7 +179,10 @@ class InstanceActor:
         if self._code_error is not None:
             raise self._code_error
         self.instance.start()
-        return {"pid": os.getpid(), "node": self.node, "devices": self.devices,
+        import ray
+
+        return {"pid": os.getpid(), "node": self.node,
+                "node_id": ray.get_runtime_context().get_node_id(), "devices": self.devices,
                 "version": self.instance.version,
                 "transfer_server": self.receiver.address}
 

@@ -25,6 +25,7 @@ A start that fails spends another restart; with none left the instance stays dea
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -82,6 +83,8 @@ class Rejoiner:
     def _respawn(self, old: RemoteInstance) -> None:
         i = old.id
         old.stop()
+        began = time.monotonic()
+        settled = self._wait_for_node_verdict(old)
         with self._lock:
             if self._closing:
                 return
@@ -91,7 +94,9 @@ class Rejoiner:
                         "%.0f s (distributed.start_timeout_s) to start and pull weights",
                         i, attempt, self.max_restarts, self.start_timeout_s)
             fresh = self._starting[i] = self._make(i)
-        began = time.monotonic()
+        if not settled:
+            log.warning("rollout instance %d: Ray has not settled whether the failed actor's "
+                        "node lives; the fresh actor may be placed on it", i)
         fresh.start()  # a failure calls `claim` again: another restart, or RejoinFailed
         with self._lock:
             self._starting.pop(i, None)
@@ -101,6 +106,34 @@ class Rejoiner:
         log.warning("rollout instance %d rejoined: a fresh actor (pid %s) holds weights "
                     "version %d after %.1f s; it takes work once it holds the newest",
                     i, fresh.info.get("pid"), fresh.info["version"], time.monotonic() - began)
+
+    def _wait_for_node_verdict(self, old: RemoteInstance) -> bool:
+        """Waits until Ray knows whether the failed actor's node is alive; False if it did
+        not learn within distributed.start_timeout_s.
+
+        A host that died with the actor stays alive to Ray until it misses enough heartbeats
+        (seconds to tens of seconds): a fresh actor placed there in that window dies with it
+        and spends a restart on a host that is gone (seen on emulated hosts: the one restart
+        spent ten seconds after a host's kill -9). A task pinned to that node, asking for no
+        resources, returns at once from a live node and fails once Ray declares the node dead;
+        either way, the scheduler knows by then.
+        """
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        node_id = old.info.get("node_id")
+        if node_id is None:  # it never started: nothing was placed
+            return True
+        probe = _node_probe().options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+        try:
+            ray.get(probe, timeout=self.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            return False
+        except Exception as error:  # the node died (or never answers again): Ray knows
+            log.warning("rollout instance %d: the failed actor's node %s is gone (%s)", old.id,
+                        old.info.get("node"), type(error).__name__)
+        return True
 
     def _install(self, fresh: RemoteInstance) -> bool:
         with self._lock:
@@ -126,3 +159,14 @@ class Rejoiner:
         deadline = time.monotonic() + timeout_s
         for thread in threads:
             thread.join(max(deadline - time.monotonic(), 0.0))
+
+
+@functools.cache
+def _node_probe():
+    import ray
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def node_probe() -> bool:
+        return True
+
+    return node_probe

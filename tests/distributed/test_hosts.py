@@ -249,6 +249,53 @@ def test_sigterm_to_the_driver_checkpoints_and_the_same_command_resumes(hosts, i
     assert_every_entry_accounted_once(rows, results["protocol"])
 
 
+def test_a_host_killed_mid_run_is_waited_for_and_its_instance_rejoins_when_it_returns(hosts):
+    # kill -9 of every process of host 1 (its raylet, its instance actor) after step 2: the
+    # instance's work goes back to the coordinator, a fresh actor waits for a node that can
+    # hold it, and `gpu_vms.sh join` brings host 1 back: the run finishes on it.
+    workdir, steps = f"{hosts.home}/host-loss", 6
+    run = gpu_vms(hosts, "run", f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
+                  *SMALL, "--config.distributed.max_instance_restarts=1", background=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(run.stdout.readline, "")), daemon=True)
+    reader.start()
+    metrics = pathlib.Path(hosts.path("h0", workdir)) / "metrics.jsonl"
+
+    def wait_for(what: str, seen) -> None:
+        deadline = time.monotonic() + 300
+        while not seen() and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen(), f"no {what}: " + "".join(lines)[-4000:]
+
+    try:
+        wait_for("step 2", lambda: metrics.exists() and len(read_metrics(metrics)) >= 2)
+        killed = hosts.kill("h1")
+        wait_for("restart", lambda: any("starting a fresh actor in place" in l for l in lines))
+        joined = gpu_vms(hosts, "join")
+        assert joined.returncode == 0, job_output(joined)[-3000:]
+        run.wait(timeout=400)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    reader.join(30)
+    output = "".join(lines)
+    assert run.returncode == 0, output[-4000:]
+    assert len(killed) >= 2  # the raylet and the instance's worker at least
+    started = instances_started(output)
+    assert len(started) == 2 and {node for _, node, _ in started} == {hosts.host("h1").address}
+    assert "rollout instance 0 rejoined: a fresh actor" in output
+    results, rows = results_of(hosts, workdir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    last = rows[-1]
+    assert last["failed_instances"] == 1 and last["rejoined_instances"] == 1
+    assert last["instance0_restarts"] == 1 and last["instance0_finished"] > 0
+    # What it held when its host died went back to the coordinator (the run is rollout-bound
+    # here: the instance always holds work; two runs: 32 of 32 slots each time).
+    assert last["rerouted_after_failure"] >= 1
+    assert max(lag for r in rows for lag in r["staleness"]) <= 2
+    assert_every_entry_accounted_once(rows, results["protocol"])
+
+
 def test_a_trainer_group_over_two_hosts_with_host_local_workdirs_is_refused_naming_the_need(hosts):
     workdir = f"{hosts.home}/group"  # the same path on both hosts, different disks
     done = gpu_vms(hosts, "run", f"--workdir={workdir}", *TINY, "--config.train.steps=2", *SMALL,
