@@ -23,6 +23,7 @@ import threading  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 
 from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.errors import local_workdir  # noqa: E402
 
 _CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
@@ -42,7 +43,8 @@ def main(argv):
     # A trainer group (distributed.* or JAX_*, or trainer_processes: followers this process
     # starts as Ray actors): joined before anything starts JAX's backend (importing the run
     # may), which then sees every process's devices. One process: nothing to join.
-    group = form_group(_CONFIG.value, _WORKDIR.value)
+    workdir = str(local_workdir(_WORKDIR.value))
+    group = form_group(_CONFIG.value, workdir)
     from asyncrl.run import run
 
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
@@ -56,7 +58,7 @@ def main(argv):
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     with group:  # then the followers' ends are awaited and their errors surfaced
-        run(_CONFIG.value, _WORKDIR.value, stop=stop)
+        run(_CONFIG.value, workdir, stop=stop)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup, follow
+from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
@@ -61,7 +62,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     start (tests inject faults there).
     """
     stop = stop or threading.Event()
-    workdir = pathlib.Path(workdir)
+    workdir = local_workdir(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
     # ---------------------------------------------------------------- build

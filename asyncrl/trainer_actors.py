@@ -19,8 +19,7 @@ checkpoints of any trainer group need). That is checked before the group forms: 
 writes a file in the workdir and every follower must read it back, else the run stops with
 one error naming the workdir, the follower and the requirement (`SharedWorkdirError`):
 host-local workdirs would each hold some processes' shards of a checkpoint, and a resume
-would pick steps no process agrees on. A `scheme://` workdir (a bucket) is passed as it is
-and not checked here.
+would pick steps no process agrees on (a bucket URL is refused before: asyncrl.errors).
 
 The end: the driver waits for each follower's `follow` (distributed.stop_timeout_s, naming the
 actor), then the group leaves jax.distributed together (its shutdown is a barrier over every
@@ -250,7 +249,7 @@ def form_group(c, workdir: str) -> Group:
                     f"started within distributed.start_timeout_s = {d.start_timeout_s} s: does "
                     f"the Ray cluster have a node with {resources} free?") from None
             followers.append(Follower(i, actor, info))
-        absolute = workdir if "://" in workdir else os.path.abspath(workdir)
+        absolute = os.path.abspath(workdir)
         check_shared_workdir(absolute, followers, n, d.start_timeout_s)
         for f in followers:
             f.ref = f.actor.follow.remote(
@@ -285,11 +284,9 @@ def follower_options(c) -> dict:
 
 def check_shared_workdir(workdir: str, followers: list[Follower], n: int, timeout_s: float) -> None:
     """Raises SharedWorkdirError unless every follower reads back a file written here in
-    `workdir` (see the module docstring); a `scheme://` workdir is not checked."""
+    `workdir` (see the module docstring)."""
     import ray
 
-    if "://" in workdir:
-        return
     os.makedirs(workdir, exist_ok=True)
     content = secrets.token_hex(16)
     path = os.path.join(workdir, f".trainer-group-{content[:8]}")

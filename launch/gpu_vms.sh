@@ -74,9 +74,9 @@ else
 fi
 venv="cd $repo && . .venv/bin/activate"
 # The job in the foreground of ssh: asked for, or on emulated hosts (tests read its output
-# from this script's). Otherwise detached, its log in the workdir (job_dir).
+# from this script's). Otherwise detached, its log in the workdir.
 [[ -n $foreground ]] || { [[ $via == netns ]] && foreground=1 || foreground=0; }
-jobs_dir=$(job_dir "$workdir")
+check_workdir "$workdir"
 
 # on NODE COMMAND: one shell command line on a node, over ssh or on its emulated host.
 on() {
@@ -143,14 +143,14 @@ run_job() {
     on "$head" "$venv && $job"
     return
   fi
-  on "$head" "$venv && $(detached "$jobs_dir" "$job")"
-  echo "# the job runs detached on $head: log ~/$repo/$jobs_dir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ssh $user@$head 'kill -TERM -- -\$(cat $repo/$jobs_dir/job.pid)'" >&2
+  on "$head" "$venv && $(detached "$workdir" "$job")"
+  echo "# the job runs detached on $head: log ~/$repo/$workdir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ssh $user@$head 'kill -TERM -- -\$(cat $repo/$workdir/job.pid)'" >&2
   if (( wait )); then wait_job; fi
 }
 
 wait_job() {  # follows the job's log on the head until it ends; its exit status
   (( foreground )) && return  # the job ran in the foreground: it has ended
-  on "$head" "cd $repo && $(follow "$jobs_dir")"
+  on "$head" "cd $repo && $(follow "$workdir")"
 }
 
 stop() {

@@ -48,9 +48,10 @@ follow() {
   printf '%s' "tail -n +1 --pid=\$(cat $dir/job${TAG:-}.pid) -f $dir/job${TAG:-}.log; exit \$(cat $dir/job${TAG:-}.rc 2>/dev/null || echo 1)"
 }
 
-# Where a job's log goes: its workdir, or runs/job when the workdir is a bucket (gs://...).
-job_dir() {
-  if [[ $1 == *://* ]]; then printf '%s' runs/job; else printf '%s' "$1"; fi
+# The job's workdir is a filesystem path (asyncrl refuses a URL: asyncrl/errors.py); refused
+# here too, before any VM is set up or billed.
+check_workdir() {
+  [[ $1 != *://* ]] || die "--workdir=$1 is a URL; the workdir must be a filesystem path (for a bucket: mount it with gcsfuse at the same path on every host and pass that path)"
 }
 
 # `teardown_on_failure FUNCTION WHAT`: from here on, if the script exits with an error (a

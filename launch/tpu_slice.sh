@@ -15,10 +15,10 @@
 #   instances on its chips. Several hosts (--hosts=N): one trainer group
 #   (--config.distributed.coordinator_address=auto): worker 0 leads the run (instances, data,
 #   metrics) and the trainer mesh takes --chips - --instances chips of every host; the other
-#   hosts' remaining chips stay idle. The workdir must be shared storage (a bucket or NFS
-#   path): every host saves and restores its shards of one checkpoint there.
+#   hosts' remaining chips stay idle. The workdir must be shared storage (NFS, or a bucket
+#   mounted by gcsfuse, the same path on every host): every host saves and restores its shards of one checkpoint there.
 # run starts the job on every worker detached from ssh (setsid nohup; each worker's output in
-#   WORKDIR/job-HOSTNAME.log, or runs/job/ for a gs:// workdir), so a dropped connection
+#   WORKDIR/job-HOSTNAME.log), so a dropped connection
 #   does not kill it; --wait: then follow them; --foreground: in the foreground of ssh.
 # wait: follows each worker's log until its job ends, exiting with its status.
 # Extra flags after `--` go to asyncrl.main (run) or the group check (check).
@@ -52,7 +52,7 @@ done
 where=("--zone=$zone")
 [[ -n $project ]] && where+=("--project=$project")
 venv="cd asyncrl && . .venv/bin/activate"
-jobs_dir=$(job_dir "$workdir")
+check_workdir "$workdir"
 TAG='-$(hostname)'  # every worker runs the job: one log (and pid, status) per host
 
 everywhere() {  # the same command on every worker of the slice
@@ -72,12 +72,12 @@ case $phase in
     if (( foreground )); then
       everywhere "$venv && $job"
     else
-      everywhere "$venv && $(detached "$jobs_dir" "$job")"
-      echo "# the job runs detached on every worker: logs ~/asyncrl/$jobs_dir/job-HOSTNAME.log; follow them: $0 wait (same flags); stop it (it checkpoints): gcloud compute tpus tpu-vm ssh $name ${where[*]} --worker=all --command='kill -TERM -- -\$(cat asyncrl/$jobs_dir/job-\$(hostname).pid)'" >&2
-      if (( wait )); then everywhere "cd asyncrl && $(follow "$jobs_dir")"; fi
+      everywhere "$venv && $(detached "$workdir" "$job")"
+      echo "# the job runs detached on every worker: logs ~/asyncrl/$workdir/job-HOSTNAME.log; follow them: $0 wait (same flags); stop it (it checkpoints): gcloud compute tpus tpu-vm ssh $name ${where[*]} --worker=all --command='kill -TERM -- -\$(cat asyncrl/$workdir/job-\$(hostname).pid)'" >&2
+      if (( wait )); then everywhere "cd asyncrl && $(follow "$workdir")"; fi
     fi
     ;;
   wait)
-    everywhere "cd asyncrl && $(follow "$jobs_dir")"
+    everywhere "cd asyncrl && $(follow "$workdir")"
     ;;
 esac

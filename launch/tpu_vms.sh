@@ -17,8 +17,8 @@
 # it with jax[tpu] and Ray; start carries one token (made here) to every worker and starts
 # Ray, the head on worker 0, the others joining it with the `asyncrl_rollout` resource that
 # places the instances; run starts the job on worker 0 detached from ssh (setsid nohup, its
-# output in WORKDIR/job.log, or runs/job/job.log for a gs:// workdir; --wait: then follow
-# it; --foreground: in the foreground of ssh instead); wait follows the job's log until it
+# output in WORKDIR/job.log; --wait: then follow it; --foreground: in the foreground of ssh
+# instead); wait follows the job's log until it
 # ends and exits with its status; teardown stops Ray and deletes the slice. all: create,
 # setup, start, run, wait, teardown; a phase that fails (or Ctrl-C) tears down before the
 # script exits, so no slice is left billing.
@@ -71,7 +71,7 @@ tpu=(gcloud compute tpus tpu-vm)
 where=("--zone=$zone")
 [[ -n $project ]] && where+=("--project=$project")
 venv="cd asyncrl && . .venv/bin/activate"
-jobs_dir=$(job_dir "$workdir")  # where the detached job's log goes, on worker 0
+check_workdir "$workdir"  # the detached job's log goes there, on worker 0
 
 # The slices: the rollout slice (--name), and the trainer's when it has one of its own.
 slices=("$name")
@@ -151,14 +151,14 @@ run_job() {
     on 0 "$venv && $job"
     return
   fi
-  on 0 "$venv && $(detached "$jobs_dir" "$job")"
-  echo "# the job runs detached on $lead worker 0: log ~/asyncrl/$jobs_dir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ${tpu[*]} ssh $lead ${where[*]} --worker=0 --command='kill -TERM -- -\$(cat asyncrl/$jobs_dir/job.pid)'" >&2
+  on 0 "$venv && $(detached "$workdir" "$job")"
+  echo "# the job runs detached on $lead worker 0: log ~/asyncrl/$workdir/job.log; follow it: $0 wait (same flags); stop it (it checkpoints): ${tpu[*]} ssh $lead ${where[*]} --worker=0 --command='kill -TERM -- -\$(cat asyncrl/$workdir/job.pid)'" >&2
   if (( wait )); then wait_job; fi
 }
 
 wait_job() {  # follows the job's log on worker 0 until it ends; its exit status
   (( foreground )) && return  # the job ran in the foreground: it has ended
-  on 0 "cd asyncrl && $(follow "$jobs_dir")"
+  on 0 "cd asyncrl && $(follow "$workdir")"
 }
 
 teardown() {

@@ -188,12 +188,20 @@ def test_dry_runs_start_the_job_detached_with_its_log_in_the_workdir_and_wait_fo
     # emulated hosts: the job in the foreground, its output the script's (tests/distributed)
     netns = dry_run("gpu_vms.sh", "run", "--via=netns", "--head=10.213.77.1", "--workers=10.213.77.2")
     assert len(netns) == 1 and "setsid" not in netns[0]
-    # TPU VMs: on worker 0; a bucket workdir keeps the log on the host (runs/job)
+    # TPU VMs: on worker 0
     tpu = dry_run("tpu_vms.sh", "all", "--name=rl", "--zone=z", "--type=v4-32", "--hosts=4",
-                  "--workdir=gs://b/run")
+                  "--workdir=runs/tpu")
     job, = [l for l in tpu if "asyncrl.main" in l]
-    assert "--worker=0" in job and "setsid nohup" in job and "> runs/job/job.log 2>&1" in job
-    assert "-f runs/job/job.log" in tpu[tpu.index(job) + 1]
+    assert "--worker=0" in job and "setsid nohup" in job and "> runs/tpu/job.log 2>&1" in job
+    assert "-f runs/tpu/job.log" in tpu[tpu.index(job) + 1]
+    # A bucket URL is refused before anything runs (asyncrl would refuse it too, after setup)
+    for script, where in (("tpu_vms.sh", ["all", "--name=rl", "--zone=z", "--hosts=4"]),
+                          ("tpu_slice.sh", ["run", "--zone=z"]),
+                          ("gpu_vms.sh", ["all", "--head=h", "--workers=w"])):
+        refused = subprocess.run(["bash", str(ROOT / "launch" / script), "--dry-run", *where,
+                                  "--workdir=gs://b/run"], capture_output=True, text=True, timeout=60)
+        assert refused.returncode == 2 and refused.stdout == "", (script, refused.stdout)
+        assert refused.stderr.startswith("error: --workdir=gs://b/run is a URL"), refused.stderr
     # one slice, every worker: one log per host
     run = dry_run("tpu_slice.sh", "run", "--zone=z", "--workdir=runs/t", "--wait")
     assert len(run) == 2 and "> runs/t/job-$(hostname).log 2>&1" in shlex.split(run[0])[-1]

@@ -103,9 +103,14 @@ def flipped_checkpoint_byte(tmp_path, request):
     return ["--config.train.steps=4", f"--workdir={workdir}"], [f"checkpoint {step}"]
 
 
+def bucket_workdir(tmp_path, request):
+    # Written through the local filesystem, it would become a folder named "gs:".
+    return ["--workdir=gs://bucket/run"], ["--workdir=gs://bucket/run is a URL", "gcsfuse"]
+
+
 @pytest.mark.parametrize("case", [
     misspelt_field, negative_eta, empty_batch, garbage_gguf, hf_folder_without_weights,
-    malformed_row, missing_data_file, flipped_checkpoint_byte,
+    malformed_row, missing_data_file, flipped_checkpoint_byte, bucket_workdir,
 ], ids=lambda case: case.__name__)
 def test_user_error_is_one_line_naming_the_culprit(case, tmp_path, request):
     args, culprits = case(tmp_path, request)
