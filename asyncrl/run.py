@@ -2,12 +2,13 @@
 
 The trainer runs on the calling thread; the coordinator and each rollout instance on their
 own threads (`asyncrl.drivers`); rewards in worker processes. In a trainer group (several
-processes, `distributed.*`), process 0 runs all of this and the others only follow its
-trainer's collectives (asyncrl/distributed/trainer_ops.py): the loop reaches the trainer
-through `TrainerGroup` alone, which with one process is the plain calls. Read top to bottom: build,
-restore, start the rollouts, then per step wait for a batch, train, publish the weights,
-evaluate, log and checkpoint; finish with the final evaluation and the results file. What the
-run records (metrics rows, evaluations, results.json) goes through one `RunLog`
+processes, `distributed.*`) every process runs the same loop on the same batches; process 0
+alone fetches them, publishes weights, evaluates and records (its `Lead`), and the loop
+reaches the trainer through `TrainerGroup` alone (asyncrl/distributed/trainer_ops.py), which
+broadcasts what only process 0 knows and with one process is the plain calls. Read top to
+bottom: build, restore, start the rollouts, then per step wait for a batch, train, publish the
+weights, evaluate, log and checkpoint; finish with the final evaluation and the results file.
+What the run records (metrics rows, evaluations, results.json) goes through one `RunLog`
 (asyncrl/run_log.py); the loop only says when.
 """
 
@@ -32,7 +33,7 @@ from asyncrl.drivers.local import local_rollouts
 from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
-from asyncrl.distributed.trainer_ops import TrainerGroup, follow
+from asyncrl.distributed.trainer_ops import TrainerGroup
 from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
@@ -59,95 +60,166 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
     `stop`, once set (main sets it on SIGINT/SIGTERM), ends the run after the step in flight
     with a checkpoint; the same call resumes it. `on_built` sees the rollouts before they
-    start (tests inject faults there).
+    start (tests inject faults there). Every process of a trainer group runs this loop; what
+    only process 0 does (rollouts, evaluation, records) goes through its `Lead`.
     """
     stop = stop or threading.Event()
     workdir = local_workdir(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
 
-    # ---------------------------------------------------------------- build
+    # ---------------------------------------------------------------- build and restore
     check(c)
-    if jax.process_index() > 0:
-        follow_group(c, workdir)
-        return {}
-    data, policy, layout, trainer, rollouts, evaluate = build(c, workdir)
-    if on_built is not None:
-        on_built(rollouts)
-
-    # ---------------------------------------------------------------- restore
+    lead = Lead.build(c, workdir, on_built) if jax.process_index() == 0 else None
+    policy, trainer = (lead.policy, lead.trainer) if lead else follower_trainer(c)
     # 1. the latest checkpoint in workdir  2. scratch: the configured policy's weights.
-    progress = Progress(c.train.steps)
     ckpt, state, resume, source = restore(c, trainer, policy, workdir)
     # The trainer holds its own copy now. Kept, the loaded weights would stay resident for
     # the whole run (on a CPU host, 0.5 GB of the default run's memory).
     policy.params = None
     group = TrainerGroup(trainer, ckpt)
-    progress.note(f"train: {source}; placement: {layout}")
-    if resume is not None:
-        rollouts.restore(resume)
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
-    record = RunLog(workdir, progress, layout, resume.run_wall_s if resume is not None else 0.0)
+    if lead is None:  # the console's one line from this process: where it began
+        print(f"trainer group process {jax.process_index()}: {source}; following process 0",
+              file=sys.stderr)
     params = group.host_params(state)
-    if "before" not in record.results:
-        record.before(*evaluate_reported(c, data, evaluate, params, step, "before", workdir))
-
-    # ---------------------------------------------------------------- start rollouts
-    chrono, late = Chrono(), LateMetrics()
-    # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
-    background = BackgroundEvaluator(evaluate, c.eval.split)
-    stated = answer_check(c, policy)
-    checkpoint_every = c.checkpoint.every_steps or c.train.steps
-    record.open(step, chrono, background, rollouts)
-    progress.start(step)
-    rollouts.start(params, step)
 
     # ---------------------------------------------------------------- train loop
-    failed = True  # until the loop ends normally: the group's followers learn which it was
-    stopped = False  # on request after a step (a stop while waiting says so as it happens)
+    failed = True  # until the loop ends normally: the group's other processes learn which
     try:
-        while step < c.train.steps:
-            chrono.phase("wait")
-            try:
-                batch = rollouts.wait_batch(step, c.train.batch_timeout_s, stop.is_set)
-            except StopRequested:
-                log.warning("train: stopping at step %d (interrupted while waiting for a batch)", step)
-                break
-            chrono.phase("step")
-            state, metrics, train_batch = train_step(c, group, state, batch, step, rollouts.max_len)
+        if lead:
+            lead.begin(source, resume, step, params)
+        fetch = (lambda: lead.fetch(step, stop)) if lead else None
+        while (batch := group.next_batch(fetch)) is not None:
+            state, metrics = group.step(state, batch)
+            # JAX dispatches the step and returns at once. Waiting for it here makes its
+            # time the trainer's "step" (not the next "wait": the busy fraction measures
+            # compute), and publishes a version only once its weights exist: an instance
+            # syncing to it would otherwise stall inside its pull until the step is done.
+            state = jax.block_until_ready(state)
             step += 1
-            record.batch(step, describe_batch(batch, train_batch, stated))
             params = group.host_params(state)
-            rollouts.publish(step, params)
-            if c.eval.every_steps and step % c.eval.every_steps == 0 and step < c.train.steps:
-                record.evaluating(step)
-                submit_evaluation(background, rollouts, step, params)
-            record.step(late.push(step, metrics))
-            if step % checkpoint_every == 0 and step < c.train.steps and not stop.is_set():
-                chrono.phase("checkpoint")
-                record.step(late.flush())  # a NaN step must not become a checkpoint
-                save_checkpoint(group, state, rollouts, record)
-            stopped = stop.is_set()
-            if stopped or step == c.train.steps:
-                chrono.phase("checkpoint")
-                break
-        end_training(record, late, group, state, rollouts, step)
-        if stopped:
-            log.warning("train: stopped at step %d on request; checkpoint saved", step)
+            if lead:
+                lead.trained(step, metrics, params)
+            if (step % (c.checkpoint.every_steps or c.train.steps) == 0 and step < c.train.steps
+                    and group.agree(not stop.is_set())):
+                group.save(state, lead.checkpointing() if lead else None)
+        # Training is over, done or stopped: the evaluations are awaited (each gets its
+        # metrics row), then the checkpoint a rerun resumes from.
+        resume = lead.ending() if lead else None
+        if step > 0 and ckpt.latest_step() != step:
+            group.save(state, resume)
         if step >= c.train.steps:  # the final evaluation's weights, while the group is there
             params = group.host_params(state)
         failed = False
     finally:
-        chrono.phase(None)
-        shut_down(rollouts, record, group, progress, failed)
+        if lead:
+            lead.shut_down(group, failed)
+        else:
+            group.stop(failed)
+    return lead.finish(step, params, stop.is_set()) if lead else {}
 
-    # ---------------------------------------------------------------- finish
-    record.finish(rollouts.accounting(), c.staleness.eta)
-    if step < c.train.steps:
-        log.info("stopped at step %d of %d; rerun the same command to resume", step, c.train.steps)
-        return record.results
-    record.after(*evaluate_reported(c, data, evaluate, params, step, "after", workdir), step,
-                 c.eval.heldout_size)
-    return record.results
+
+class Lead:
+    """What process 0 alone does around the loop: its data, rollouts, evaluations, progress
+    bar and records (asyncrl/run_log.py)."""
+
+    def __init__(self, c, workdir: pathlib.Path, data, policy, layout: str, trainer: Trainer,
+                 rollouts: Rollouts, evaluate: Evaluator):
+        self.c, self.workdir, self.data, self.policy, self.layout = c, workdir, data, policy, layout
+        self.trainer, self.rollouts, self.evaluate = trainer, rollouts, evaluate
+        self.progress = Progress(c.train.steps)
+        self.chrono, self.late = Chrono(), LateMetrics()
+        # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
+        self.background = BackgroundEvaluator(evaluate, c.eval.split)
+        self.stated = answer_check(c, policy)
+        self.record: RunLog | None = None
+        # The batch in training, as consumed and as trained: its figures are logged.
+        self.batch: Batch | None = None
+        self.train_batch: TrainBatch | None = None
+
+    @classmethod
+    def build(cls, c, workdir: pathlib.Path, on_built) -> "Lead":
+        lead = cls(c, workdir, *build(c, workdir))
+        if on_built is not None:
+            on_built(lead.rollouts)
+        return lead
+
+    def begin(self, source: str, resume, step: int, params) -> None:
+        """After the restore: the records, the first evaluation, then the rollouts start."""
+        self.progress.note(f"train: {source}; placement: {self.layout}")
+        if resume is not None:
+            self.rollouts.restore(resume)
+        self.record = RunLog(self.workdir, self.progress, self.layout,
+                             resume.run_wall_s if resume is not None else 0.0)
+        if "before" not in self.record.results:
+            self.record.before(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
+                                                  "before", self.workdir))
+        self.record.open(step, self.chrono, self.background, self.rollouts)
+        self.progress.start(step)
+        self.rollouts.start(params, step)
+
+    def fetch(self, step: int, stop: threading.Event) -> TrainBatch | None:
+        """The batch that trains `step` into step + 1; None once the run is done or stopped."""
+        if step >= self.c.train.steps or stop.is_set():
+            return None
+        self.chrono.phase("wait")
+        try:
+            self.batch = self.rollouts.wait_batch(step, self.c.train.batch_timeout_s, stop.is_set)
+        except StopRequested:
+            log.warning("train: stopping at step %d (interrupted while waiting for a batch)", step)
+            return None
+        self.chrono.phase("step")
+        self.train_batch = TrainBatch.from_groups(self.batch.groups, self.batch.v_traj, step,
+                                                  self.rollouts.max_len, self.c.rollout.group_size)
+        return self.train_batch
+
+    def trained(self, step: int, metrics, params) -> None:
+        """Step `step` is trained: its figures, its weights published, maybe evaluated."""
+        self.record.batch(step, describe_batch(self.batch, self.train_batch, self.stated))
+        self.rollouts.publish(step, params)
+        if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
+            self.record.evaluating(step)
+            submit_evaluation(self.background, self.rollouts, step, params)
+        self.record.step(self.late.push(step, metrics))
+
+    def checkpointing(self):
+        """The resume data of a checkpoint about to be written."""
+        self.chrono.phase("checkpoint")
+        self.record.step(self.late.flush())  # a NaN step must not become a checkpoint
+        return dataclasses.replace(self.rollouts.resume_data(), run_wall_s=self.record.wall_s())
+
+    def ending(self):
+        """Training is over: evaluations awaited, the last row written; the resume data."""
+        self.record.close_evaluations()
+        return self.checkpointing()
+
+    def shut_down(self, group: TrainerGroup, failed: bool) -> None:
+        """Each part is shut down even when one before it fails: above all the checkpointer,
+        whose close awaits the save in flight (skipped, the process would exit mid-write)."""
+        self.chrono.phase(None)
+        # ExitStack runs them last-registered first; a failure is raised at the end, any
+        # earlier one chained to it.
+        with contextlib.ExitStack() as shutdown:
+            if self.record is not None:
+                shutdown.callback(self.record.close)
+            shutdown.callback(self.progress.close)
+            shutdown.callback(group.stop, failed)
+            if self.record is not None:
+                shutdown.callback(self.record.close_evaluations)
+            shutdown.callback(self.rollouts.stop)
+
+    def finish(self, step: int, params, stopped: bool) -> dict[str, Any]:
+        """The accounting, then (the run done) the final evaluation: results.json."""
+        self.record.finish(self.rollouts.accounting(), self.c.staleness.eta)
+        if step < self.c.train.steps:
+            if stopped:
+                log.warning("train: stopped at step %d on request; checkpoint saved", step)
+            log.info("stopped at step %d of %d; rerun the same command to resume", step,
+                     self.c.train.steps)
+            return self.record.results
+        self.record.after(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
+                                             "after", self.workdir), step, self.c.eval.heldout_size)
+        return self.record.results
 
 
 def evaluate_reported(c, data, evaluate: Evaluator, params, step: int, when: str,
@@ -190,45 +262,12 @@ def build(c, workdir: pathlib.Path):
     return data, policy, layout, trainer, rollouts, evaluate
 
 
-def train_step(c, group: TrainerGroup, state, batch: Batch, step: int, max_len: int):
-    """Trains `step` on `batch`; returns the new state, its metrics (still on device) and
-    the batch as trained."""
-    train_batch = TrainBatch.from_groups(batch.groups, batch.v_traj, step, max_len,
-                                         c.rollout.group_size)
-    state, metrics = group.step(state, train_batch)
-    # JAX dispatches the step and returns at once. Waiting for it here makes its time the
-    # trainer's "step" (not the next "wait": the busy fraction measures compute), and
-    # publishes a version only once its weights exist: an instance syncing to it would
-    # otherwise stall inside its pull until the step is done.
-    return jax.block_until_ready(state), metrics, train_batch
 
 
-def end_training(record: RunLog, late: LateMetrics, group: TrainerGroup, state, rollouts,
-                 step: int) -> None:
-    """Training is over, done or stopped: the run waits for its evaluations, so each gets a
-    metrics row, writes the last row, then saves the checkpoint a rerun resumes from."""
-    record.close_evaluations()
-    record.step(late.flush())  # a NaN step must not become a checkpoint
-    if step > 0 and group.checkpointer.latest_step() != step:
-        save_checkpoint(group, state, rollouts, record)
 
 
-def save_checkpoint(group: TrainerGroup, state, rollouts, record: RunLog) -> None:
-    group.save(state, dataclasses.replace(rollouts.resume_data(), run_wall_s=record.wall_s()))
 
 
-def shut_down(rollouts, record: RunLog, group: TrainerGroup, progress: Progress,
-              failed: bool) -> None:
-    """Each part is shut down even when one before it fails: above all the checkpointer,
-    whose close awaits the save in flight (skipped, the process would exit mid-write)."""
-    # ExitStack runs them last-registered first; a failure is raised at the end, any
-    # earlier one chained to it.
-    with contextlib.ExitStack() as shutdown:
-        shutdown.callback(record.close)
-        shutdown.callback(progress.close)
-        shutdown.callback(group.stop, failed)
-        shutdown.callback(record.close_evaluations)
-        shutdown.callback(rollouts.stop)
 
 
 def submit_evaluation(background: BackgroundEvaluator, rollouts, version: int, params) -> None:
@@ -247,19 +286,15 @@ def submit_evaluation(background: BackgroundEvaluator, rollouts, version: int, p
         background.submit(version, params)
 
 
-def follow_group(c, workdir: pathlib.Path) -> None:
-    """Process > 0 of a trainer group: the same trainer on the same global mesh, restored from
-    the same checkpoint, then process 0's collectives mirrored until it says stop. No data,
-    rollouts, evaluation or files of its own."""
+
+
+def follower_trainer(c):
+    """A process > 0 of a trainer group: the policy (for its config and initial weights) and
+    the same trainer on the same global mesh; no data, rollouts, evaluation or files."""
     policy = load_policy(c.model)
     _, placement = rollouts_for(c)
     trainer_mesh, _ = placement(c.mesh)
-    trainer = trainer_for(c, policy, trainer_mesh)
-    ckpt, state, _, source = restore(c, trainer, policy, workdir)
-    # The console's one line from this process (as process 0's progress notes): where it began.
-    print(f"trainer group process {jax.process_index()}: {source}; following process 0",
-          file=sys.stderr)
-    follow(trainer, ckpt, state)
+    return policy, trainer_for(c, policy, trainer_mesh)
 
 
 # The lead and the followers of a trainer group build and restore the trainer through these

@@ -12,7 +12,8 @@ place fails here, naming its resources, rather than as a join timeout), their `f
 are sent, and only then does this process join as process 0.
 
 A follower runs what a process started by hand runs: `initialize` with its id, then `run`,
-which in a process > 0 checks its devices and calls `follow_group` until the lead says stop.
+which in a process > 0 runs the same loop as process 0 on the batches it broadcasts, until
+process 0 ends it.
 Its relative paths (the workdir, a checkpoint folder) are the driver's: it works in the
 driver's directory, which on other hosts must exist there too (a shared filesystem, as the
 checkpoints of any trainer group need). That is checked before the group forms: process 0

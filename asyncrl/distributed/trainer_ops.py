@@ -1,23 +1,26 @@
-"""Every collective of a run's trainer, led by process 0 and mirrored by the rest of the group.
+"""Every collective of a run's trainer, made by every process of the group in one order.
 
-run.py talks to the trainer through one `TrainerGroup`; its methods are the only operations
-that touch the trainer's arrays:
+Every process of a run runs the same loop (asyncrl/run.py) and reaches the trainer through
+one `TrainerGroup`, whose methods are the only operations that touch the trainer's arrays:
 
     group = TrainerGroup(trainer, checkpointer)
-    state, metrics = group.step(state, host_batch)   # a TrainBatch of host arrays
-    params = group.host_params(state)                # for the rollouts and the evaluator
-    group.save(state, resume)                        # the Orbax checkpoint
-    group.stop()                                     # the followers leave; checkpoints close
+    batch = group.next_batch(fetch)              # process 0's fetch(); None: the loop ends
+    state, metrics = group.step(state, batch)
+    params = group.host_params(state)            # for the rollouts and the evaluator
+    if group.agree(flag): ...                    # process 0's flag, on every process
+    group.save(state, resume)                    # the Orbax checkpoint
+    group.stop()                                 # checkpoints close
 
-One process: these are the plain calls (no broadcast; `host_params` is
-`trainer.policy_params(state.params)`), so a single-process run is what it was. A trainer group (multi-controller JAX): every process runs
-the same program on one global mesh, so each collective must be issued by every process, in
-the same order. Process 0 decides (it alone has the rollouts, the data and the schedule) and
-announces each operation before doing it: an op code and a JSON header (the batch's shapes,
-the checkpoint's trajectory arrays), broadcast with `multihost_utils`. The other processes
-run `follow`, which does the same operation with placeholders of those shapes: a broadcast
-or a gather gives them process 0's data, and Orbax writes host arrays and JSON from process 0
-alone, so what they pass there only has to have the right structure.
+One process: these are the plain calls (no broadcast), so a single-process run is what it
+was. A trainer group (multi-controller JAX): every process runs the same program on one
+global mesh, so each collective must be made by every process, in the same order. Process 0
+alone has the rollouts, the data and the schedule: what only it knows (the batch, whether to
+checkpoint now, the checkpoint's trajectory arrays) it broadcasts with `multihost_utils`, and
+what the others pass in its place is ignored (Orbax writes host arrays and JSON from process 0
+alone: theirs only need the right structure). Before each collective process 0 names it (an
+op code and a JSON header: the batch's shapes, the checkpoint's arrays) and every other
+process checks that it is about to make the same one: a process 0 that failed says so instead
+(FAIL), and the others raise rather than wait in a collective it will never join.
 
 Restoring the checkpoint and building the trainer happen once, before the first operation,
 in the same order on every process (run.py), so they need no announcement.
@@ -29,6 +32,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from typing import Callable
 
 import jax
 import numpy as np
@@ -40,8 +44,9 @@ from asyncrl.train.trainer import TrainBatch, Trainer, TrainState
 
 log = logging.getLogger(__name__)
 
-STEP, PARAMS, SAVE, STOP, FAIL = 1, 2, 3, 4, 5
-_NAMES = {STEP: "train step", PARAMS: "weight gather", SAVE: "checkpoint save", STOP: "stop",
+BATCH, STEP, PARAMS, AGREE, SAVE, STOP, FAIL = 1, 2, 3, 4, 5, 6, 7
+_NAMES = {BATCH: "next batch", STEP: "train step", PARAMS: "weight gather",
+          AGREE: "agreement", SAVE: "checkpoint save", STOP: "stop",
           FAIL: "stop (process 0 failed)"}
 
 
@@ -50,21 +55,39 @@ class TrainerGroupError(RuntimeError):
 
 
 class TrainerGroup:
-    """Process 0's side: each method is one collective of the trainer (see the module doc)."""
+    """This process's side of each collective of the trainer (see the module doc)."""
 
     def __init__(self, trainer: Trainer, checkpointer: Checkpointer):
         self.trainer, self.checkpointer = trainer, checkpointer
         self.processes = jax.process_count()
+        self.lead = jax.process_index() == 0
         self._broken = False  # a collective failed: the others cannot be told anything more
         self._trained: int | None = None  # the last train step, as the metrics count them
+        self._next: int | None = None  # the step the batch in hand trains
+
+    def next_batch(self, fetch: Callable[[], TrainBatch | None]) -> TrainBatch | None:
+        """Process 0's `fetch()` (called there alone): the next batch, on every process, or
+        None on every process when process 0 ends the loop."""
+        if self.processes == 1:
+            return fetch()
+        batch = fetch() if self.lead else None
+        header = None
+        if self.lead:  # batch v trains version v into v + 1
+            header = ({"end": True} if batch is None else
+                      {"shapes": _shapes(batch), "step": int(np.asarray(batch.buffer_version)) + 1})
+        with self._collective(BATCH, header) as header:
+            if header.get("end"):
+                return None
+            self._next = header["step"]
+            local = batch if self.lead else _placeholder_batch(header["shapes"], self.trainer.group_size)
+            return share(local, self.trainer.mesh)
 
     def step(self, state: TrainState, batch: TrainBatch):
         if self.processes == 1:
             return self.trainer.step(state, self.trainer.put_batch(batch))
-        step = int(np.asarray(batch.buffer_version)) + 1  # batch v trains version v into v + 1
-        with self._collective(STEP, {"shapes": _shapes(batch)}, f"the train step {step}"):
-            out = self.trainer.step(state, self.trainer.put_batch(share(batch, self.trainer.mesh)))
-        self._trained = step
+        with self._collective(STEP, {}, f"the train step {self._next}"):
+            out = self.trainer.step(state, self.trainer.put_batch(batch))
+        self._trained = self._next
         return out
 
     def host_params(self, state: TrainState):
@@ -75,20 +98,33 @@ class TrainerGroup:
         with self._collective(PARAMS, {}):
             return gather(self.trainer.policy_params(state.params))
 
-    def save(self, state: TrainState, resume: ResumeData) -> int:
+    def agree(self, flag: bool) -> bool:
+        """Process 0's `flag`, on every process (a decision only it can make)."""
+        if self.processes == 1:
+            return flag
+        with self._collective(AGREE, {"flag": bool(flag)} if self.lead else None) as header:
+            return bool(header["flag"])
+
+    def save(self, state: TrainState, resume: ResumeData | None) -> int:
+        """`resume`: process 0's (the others pass None)."""
         if self.processes == 1:
             return self.checkpointer.save(state, resume)
-        arrays = {k: [list(np.shape(a)), np.asarray(a).dtype.str]
-                  for k, a in resume.trajectory_arrays.items()}
-        with self._collective(SAVE, {"arrays": arrays}):
+        header = None
+        if self.lead:
+            header = {"arrays": {k: [list(np.shape(a)), np.asarray(a).dtype.str]
+                                 for k, a in resume.trajectory_arrays.items()}}
+        with self._collective(SAVE, header) as header:
+            if not self.lead:
+                resume = ResumeData(trajectory_arrays={
+                    k: np.zeros(shape, np.dtype(dtype)) for k, (shape, dtype) in header["arrays"].items()})
             return self.checkpointer.save(state, resume)
 
     def stop(self, failed: bool = False) -> None:
-        """Tells the followers to leave (unless a collective already broke), then closes the
-        checkpointer: its async saves finish together on every process. From here on the
-        followers' silence is no failure: the watchdog stops."""
+        """Process 0 tells the others the run ended (or failed), the others hear it (unless a
+        collective already broke), then the checkpointer closes: its async saves finish
+        together on every process. From here on silence is no failure: the watchdog stops."""
         try:
-            if self.processes > 1 and not self._broken:
+            if self.processes > 1 and not self._broken and (self.lead or not failed):
                 with self._collective(FAIL if failed else STOP, {}):
                     pass
         finally:
@@ -96,9 +132,10 @@ class TrainerGroup:
             self.checkpointer.close()
 
     @contextlib.contextmanager
-    def _collective(self, op: int, header: dict, what: str = ""):
-        """Announces `op` and runs it (the body), under the watchdog's eye (`what`: the name
-        its error gives the operation)."""
+    def _collective(self, op: int, header: dict | None, what: str = ""):
+        """Process 0 announces `op` with its header; another process receives the
+        announcement, checks it is `op` and yields its header. Then the body runs the
+        collective, under the watchdog's eye (`what`: the name its error gives it)."""
         watch = group_watch.current()
         if not what:
             what = f"the {_NAMES[op]} " + (f"after the train step {self._trained}"
@@ -106,42 +143,31 @@ class TrainerGroup:
         doing = watch.doing(what) if watch else contextlib.nullcontext()
         try:
             with doing:
-                announce(op, header, self.trainer.mesh)
-                yield
+                if self.lead:
+                    announce(op, header or {}, self.trainer.mesh)
+                    yield header or {}
+                else:
+                    yield self._expect(op)
+        except TrainerGroupError:
+            self._broken = True
+            raise
         except Exception as error:
             self._broken = True
             raise group_error(op, error) from error
 
-
-def follow(trainer: Trainer, checkpointer: Checkpointer, state: TrainState) -> None:
-    """A process > 0: mirrors process 0's operations until it says stop."""
-    try:
-        while True:
-            op, header = receive(trainer.mesh)
-            try:
-                if op == STEP:
-                    batch = share(_placeholder_batch(header["shapes"], trainer.group_size), trainer.mesh)
-                    state, _ = trainer.step(state, trainer.put_batch(batch))
-                elif op == PARAMS:
-                    gather(trainer.policy_params(state.params))
-                elif op == SAVE:
-                    arrays = {k: np.zeros(shape, np.dtype(dtype))
-                              for k, (shape, dtype) in header["arrays"].items()}
-                    checkpointer.save(state, ResumeData(trajectory_arrays=arrays))
-                elif op == STOP:
-                    return
-                elif op == FAIL:
-                    raise TrainerGroupError(
-                        f"trainer group: process 0 failed (its log says why); process "
-                        f"{jax.process_index()} stops with it")
-                else:
-                    raise TrainerGroupError(f"trainer group: unknown operation {op} from process 0")
-            except TrainerGroupError:
-                raise
-            except Exception as error:
-                raise group_error(op, error) from error
-    finally:
-        checkpointer.close()
+    def _expect(self, op: int) -> dict:
+        announced, header = receive(self.trainer.mesh)
+        if announced == FAIL:
+            raise TrainerGroupError(
+                f"trainer group: process 0 failed (its log says why); process "
+                f"{jax.process_index()} stops with it")
+        if announced != op:
+            raise TrainerGroupError(
+                f"trainer group: process 0 began the {_NAMES.get(announced, announced)} where "
+                f"process {jax.process_index()} was at the {_NAMES[op]}: the processes run "
+                f"different code or configs (start every process from the same checkout and "
+                f"flags)")
+        return header
 
 
 def group_error(op: int, error: Exception) -> TrainerGroupError:

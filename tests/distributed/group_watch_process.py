@@ -2,8 +2,8 @@
 
     python -m tests.distributed.group_watch_process PORT PROCESS_ID HEARTBEAT_TIMEOUT_S
 
-The real `initialize` (jax.distributed on 127.0.0.1, the heartbeats), the real TrainerGroup
-(process 0: weight gathers, one after another, each printed) and `follow` (process 1), with a
+The real `initialize` (jax.distributed on 127.0.0.1, the heartbeats) and the real
+TrainerGroup, both processes in the same loop of weight gathers (process 0 prints each), with a
 stand-in trainer: a mesh of one CPU device per process and host arrays for weights. No model,
 no compile beyond the gather's.
 """
@@ -26,20 +26,18 @@ def main(port: str, process_id: int, heartbeat_timeout_s: float) -> None:
     import numpy as np
     from jax.sharding import Mesh
 
-    from asyncrl.distributed.trainer_ops import TrainerGroup, follow
+    from asyncrl.distributed.trainer_ops import TrainerGroup
 
     trainer = types.SimpleNamespace(mesh=Mesh(np.asarray(jax.devices()), ("fsdp",)),
                                     policy_params=lambda params: params)
     checkpointer = types.SimpleNamespace(close=lambda: None)
     state = types.SimpleNamespace(params={"w": np.arange(4, dtype=np.float32)})
-    if process_id > 0:
-        follow(trainer, checkpointer, state)
-        return
     group = TrainerGroup(trainer, checkpointer)
     for i in itertools.count():
         group.host_params(state)
-        print(f"gathered {i}", flush=True)
-        time.sleep(0.2)
+        if process_id == 0:
+            print(f"gathered {i}", flush=True)
+            time.sleep(0.2)
 
 
 if __name__ == "__main__":

@@ -105,11 +105,15 @@ def test_the_trainer_group_names_each_collective_to_the_watch(monkeypatch):
     group.processes = 2
     state = types.SimpleNamespace(params={"w": np.zeros(2)})
     group.host_params(state)
-    group.step(state, synthetic_batch(6, ModelConfig.tiny()))  # batch 6 trains step 7
+    batch = group.next_batch(lambda: synthetic_batch(6, ModelConfig.tiny()))  # trains step 7
+    group.step(state, batch)
     group.host_params(state)
+    assert group.next_batch(lambda: None) is None
     group.stop()
-    assert seen == ["the weight gather before the first train step", "the train step 7",
-                    "the weight gather after the train step 7", "the stop after the train step 7"]
+    assert seen == ["the weight gather before the first train step",
+                    "the next batch before the first train step", "the train step 7",
+                    "the weight gather after the train step 7",
+                    "the next batch after the train step 7", "the stop after the train step 7"]
     assert watch._doing is None and group_watch._running == []  # stop ends the watch
 
 
