@@ -163,7 +163,22 @@ def test_without_partial_rollout_every_trajectory_comes_from_one_version(tmp_pat
     # trajectories in flight: neither may continue a trajectory on other weights.
     settings = dict(coordinator__partial_rollout=False, rollout__max_new_tokens=12,
                     checkpoint__every_steps=1, eval__heldout_size=8)
-    run(tiny(train__steps=3, **settings), tmp_path, on_built=_fail_instance_1_at_dispatch(15))
+
+    def slow_then_fail_instance_1(built):
+        # Decoding slower than training (0.3 s a dispatch, ~4 s a batch): the rollouts never
+        # catch up, so whatever the machine's load the last checkpoint holds work in flight.
+        # Without it a quick machine finished every allowed trajectory before the run's end.
+        for instance in built.instances:
+            real_generate = instance.engine.generate
+
+            def generate(*args, real_generate=real_generate, **kwargs):
+                time.sleep(0.3)
+                return real_generate(*args, **kwargs)
+
+            instance.engine.generate = generate
+        _fail_instance_1_at_dispatch(15)(built)
+
+    run(tiny(train__steps=3, **settings), tmp_path, on_built=slow_then_fail_instance_1)
     meta = json.loads((tmp_path / "checkpoints" / "3" / "meta" / "metadata").read_text())
     in_flight = [t for t in meta["trajectories"]["trajectories"]
                  if t["state"] in ("pending", "routed", "running", "interrupted")]

@@ -126,10 +126,15 @@ class Rejoiner:
             return True
         probe = _node_probe().options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+        deadline = time.monotonic() + self.start_timeout_s
+        while not ray.wait([probe], timeout=1.0)[0]:  # in slices: a closing run does not wait
+            with self._lock:
+                if self._closing:
+                    return True
+            if time.monotonic() > deadline:
+                return False
         try:
-            ray.get(probe, timeout=self.start_timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            return False
+            ray.get(probe)
         except Exception as error:  # the node died (or never answers again): Ray knows
             log.warning("rollout instance %d: the failed actor's node %s is gone (%s)", old.id,
                         old.info.get("node"), type(error).__name__)

@@ -65,9 +65,9 @@ class TrainerGroup:
         self._trained: int | None = None  # the last train step, as the metrics count them
         self._next: int | None = None  # the step the batch in hand trains
 
-    def next_batch(self, fetch: Callable[[], TrainBatch | None]) -> TrainBatch | None:
-        """Process 0's `fetch()` (called there alone): the next batch, on every process, or
-        None on every process when process 0 ends the loop."""
+    def next_batch(self, fetch: Callable[[], TrainBatch | None] | None) -> TrainBatch | None:
+        """Process 0's `fetch()` (called there alone; the others pass None): the next batch,
+        on every process, or None on every process when process 0 ends the loop."""
         if self.processes == 1:
             return fetch()
         batch = fetch() if self.lead else None
