@@ -2,7 +2,7 @@
 the other processes itself (distributed.trainer_processes > 1, backend='ray').
 
     with form_group(c, workdir):   # this process joined (as process 0 when there are actors)
-        run(c, workdir)            # process 0 leads the trainer's collectives (asyncrl/run.py)
+        run(c, workdir)            # process 0 leads the trainer's collectives (asyncrl/run/)
 
 Order matters: `jax.distributed.initialize` must run here before JAX's backend starts, and it
 blocks until every process has joined. So Ray is connected first (the same `connect` the

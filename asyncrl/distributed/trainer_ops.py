@@ -1,6 +1,6 @@
 """Every collective of a run's trainer, made by every process of the group in one order.
 
-Every process of a run runs the same loop (asyncrl/run.py) and reaches the trainer through
+Every process of a run runs the same loop (asyncrl/run/) and reaches the trainer through
 one `TrainerGroup`, whose methods are the only operations that touch the trainer's arrays:
 
     group = TrainerGroup(trainer, checkpointer)

@@ -9,7 +9,7 @@ broadcasts what only process 0 knows and with one process is the plain calls. Re
 bottom: build, restore, start the rollouts, then per step wait for a batch, train, publish the
 weights, evaluate, log and checkpoint; finish with the final evaluation and the results file.
 What the run records (metrics rows, evaluations, results.json) goes through one `RunLog`
-(asyncrl/run_log.py); the loop only says when.
+(asyncrl/run/log.py); the loop only says when.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
-from asyncrl.progress import Progress
+from asyncrl.run.progress import Progress
 from asyncrl.rewards import REWARDS
 from asyncrl.model.sampling import SamplingParams
-from asyncrl.run_log import RunLog
+from asyncrl.run.log import RunLog
 from asyncrl.servers.parameters import ParameterServer
-from asyncrl.timing import Chrono
+from asyncrl.run.timing import Chrono
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.losses import LossConfig
 from asyncrl.train.late_metrics import LateMetrics
@@ -121,7 +121,7 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
 
 class Lead:
     """What process 0 alone does around the loop: its data, rollouts, evaluations, progress
-    bar and records (asyncrl/run_log.py)."""
+    bar and records (asyncrl/run/log.py)."""
 
     def __init__(self, c, workdir: pathlib.Path, data, policy, layout: str, trainer: Trainer,
                  rollouts: Rollouts, evaluate: Evaluator):

@@ -27,12 +27,12 @@ from typing import Any
 
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, describe
 from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
-from asyncrl.progress import Progress
+from asyncrl.run.progress import Progress
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
-from asyncrl.timing import Chrono
+from asyncrl.run.timing import Chrono
 
 # The run's logger, not this module's: its warnings read as they did when they were
-# written from asyncrl/run.py, and a filter on that name still catches them.
+# written from asyncrl/run/__init__.py, and a filter on that name still catches them.
 log = logging.getLogger("asyncrl.run")
 
 
