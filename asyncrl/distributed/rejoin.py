@@ -14,7 +14,8 @@ One restart of instance i:
   1. the failing stand-in `claim`s one of i's restarts and reports Failed(i, rejoining=True);
      the core re-routes what i held;
   2. a thread stops the old stand-in (its poll thread joined: no late report of the old
-     actor reaches the server after this);
+     actor reaches the server after this) and waits until Ray knows whether the old actor's
+     node lives (a whole host may have died with it: `_wait_for_node_verdict`);
   3. a fresh actor from the same spec (index, devices, resources) and a fresh stand-in start
      within `distributed.start_timeout_s`: process, JAX, engine, newest weights;
   4. it takes place i in the driver and the core gets Rejoined(i, version pulled), both under
@@ -122,7 +123,7 @@ class Rejoiner:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         node_id = old.info.get("node_id")
-        if node_id is None:  # it never started: nothing was placed
+        if node_id is None:  # it died starting, its node unreported: nothing to ask about
             return True
         probe = _node_probe().options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()

@@ -37,15 +37,15 @@ from asyncrl.distributed.trainer_ops import TrainerGroup
 from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
+from asyncrl.model.sampling import SamplingParams
 from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
-from asyncrl.run.progress import Progress
 from asyncrl.rewards import REWARDS
-from asyncrl.model.sampling import SamplingParams
 from asyncrl.run.log import RunLog
-from asyncrl.servers.parameters import ParameterServer
+from asyncrl.run.progress import Progress
 from asyncrl.run.timing import Chrono
+from asyncrl.servers.parameters import ParameterServer
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.losses import LossConfig
 from asyncrl.train.late_metrics import LateMetrics
