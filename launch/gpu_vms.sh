@@ -5,7 +5,7 @@
 #
 #   launch/gpu_vms.sh all --head=10.0.0.2 --workers="10.0.0.3 10.0.0.4" --gpus=8 --workdir=runs/gpu
 #   launch/gpu_vms.sh setup|start|run|wait|stop ...   # one phase at a time
-#   launch/gpu_vms.sh join --head=10.0.0.2 --workers=10.0.0.4 ...  # a worker VM back after a preemption
+#   launch/gpu_vms.sh join --head=10.0.0.2 --workers=10.0.0.4 ...  # a worker back from preemption
 #   launch/gpu_vms.sh --dry-run all ...          # print every command, run nothing
 #   launch/gpu_vms.sh all --via=netns --platform=cpu --head=10.213.77.1 --workers=10.213.77.2 --gpus=2
 #                                                # on hosts emulated in network namespaces
@@ -18,9 +18,9 @@
 # within distributed.max_instance_restarts and start_timeout_s); run starts the job on the
 # head detached from ssh (setsid nohup; its output in WORKDIR/job.log; --wait: then follow
 # it); wait follows the job's log until it ends and exits with its status; stop stops Ray on
-# every node (dedicated VMs). all: setup, start, run, wait, stop; a phase that fails stops Ray on every
-# node before the script exits. --foreground: run the job in the foreground of ssh instead
-# (its output here, the script returns when it ends).
+# every node (dedicated VMs). all: setup, start, run, wait, stop; a phase that fails stops
+# Ray on every node before the script exits. --foreground: run the job in the foreground of
+# ssh instead (its output here, the script returns when it ends).
 # --via=netns: each node command runs on a host of launch/emulated_hosts.py (root; the nodes
 # named by their addresses; $ASYNCRL_HOSTS_ROOT names the cluster) instead of over ssh. The
 # filesystem is shared: setup copies nothing and checks that each host imports the code; the
@@ -106,7 +106,8 @@ setup() {
 # joining a head that runs (join: a worker VM that was preempted or rebooted comes back).
 start() {
   local head_offers="--num-gpus=0"
-  [[ $platform == cpu ]] && head_offers="--num-cpus=0 --num-gpus=0"  # the trainer's devices are the head's CPUs
+  # On a CPU the trainer's devices are the head's CPUs: none offered to actors.
+  [[ $platform == cpu ]] && head_offers="--num-cpus=0 --num-gpus=0"
   if [[ ! -s $token_file ]]; then
     step sh -c "umask 077 && python3 -c \"import secrets; print(secrets.token_hex(32))\" > $token_file"
   fi

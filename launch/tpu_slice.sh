@@ -16,10 +16,11 @@
 #   (--config.distributed.coordinator_address=auto): worker 0 leads the run (instances, data,
 #   metrics) and the trainer mesh takes --chips - --instances chips of every host; the other
 #   hosts' remaining chips stay idle. The workdir must be shared storage (NFS, or a bucket
-#   mounted by gcsfuse, the same path on every host): every host saves and restores its shards of one checkpoint there.
+#   mounted by gcsfuse, the same path on every host): every host saves and restores its
+#   shards of one checkpoint there.
 # run starts the job on every worker detached from ssh (setsid nohup; each worker's output in
-#   WORKDIR/job-HOSTNAME.log), so a dropped connection
-#   does not kill it; --wait: then follow them; --foreground: in the foreground of ssh.
+#   WORKDIR/job-HOSTNAME.log), so a dropped connection does not kill it; --wait: then
+#   follow them; --foreground: in the foreground of ssh.
 # wait: follows each worker's log until its job ends, exiting with its status.
 # Extra flags after `--` go to asyncrl.main (run) or the group check (check).
 set -euo pipefail

@@ -18,10 +18,9 @@
 # Ray, the head on worker 0, the others joining it with the `asyncrl_rollout` resource that
 # places the instances; run starts the job on worker 0 detached from ssh (setsid nohup, its
 # output in WORKDIR/job.log; --wait: then follow it; --foreground: in the foreground of ssh
-# instead); wait follows the job's log until it
-# ends and exits with its status; teardown stops Ray and deletes the slice. all: create,
-# setup, start, run, wait, teardown; a phase that fails (or Ctrl-C) tears down before the
-# script exits, so no slice is left billing.
+# instead); wait follows the job's log until it ends and exits with its status; teardown
+# stops Ray and deletes the slice. all: create, setup, start, run, wait, teardown; a phase
+# that fails (or Ctrl-C) tears down before the script exits, so no slice is left billing.
 # With two slices, the rollout hosts join the Ray head on the trainer slice's worker 0 by the
 # internal address `gcloud ... describe` gives; a dry run, which creates nothing, prints
 # HEAD_IP in its place. Extra flags after `--` go to asyncrl.main.

@@ -185,3 +185,15 @@ def test_absl_entry_point_bug_prints_its_traceback():
                          env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=60)
     assert run.returncode == 1
     assert "Traceback" in run.stderr and "RuntimeError: a bug" in run.stderr
+
+
+def test_a_bucket_workdir_given_to_run_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    # The notebook path: `run` itself refuses it. pathlib would have made it a local folder
+    # "gs:" beside the caller, the checkpoints in it.
+    from asyncrl.run import run
+    from experiments.grpo import get_config
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=r"--workdir=gs://bucket/run is a URL"):
+        run(get_config("tiny"), "gs://bucket/run")
+    assert list(tmp_path.iterdir()) == []

@@ -105,9 +105,10 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
                 group.save(state, lead.checkpointing() if lead else None)
         # Training is over, done or stopped: the evaluations are awaited (each gets its
         # metrics row), then the checkpoint a rerun resumes from.
-        resume = lead.ending() if lead else None
+        if lead:
+            lead.close_evaluations()
         if step > 0 and ckpt.latest_step() != step:
-            group.save(state, resume)
+            group.save(state, lead.checkpointing() if lead else None)
         if step >= c.train.steps:  # the final evaluation's weights, while the group is there
             params = group.host_params(state)
         failed = False
@@ -188,10 +189,11 @@ class Lead:
         self.record.step(self.late.flush())  # a NaN step must not become a checkpoint
         return dataclasses.replace(self.rollouts.resume_data(), run_wall_s=self.record.wall_s())
 
-    def ending(self):
-        """Training is over: evaluations awaited, the last row written; the resume data."""
+    def close_evaluations(self) -> None:
+        """Training is over: the evaluations awaited, each with its row, and the last row."""
+        self.chrono.phase("checkpoint")
         self.record.close_evaluations()
-        return self.checkpointing()
+        self.record.step(self.late.flush())
 
     def shut_down(self, group: TrainerGroup, failed: bool) -> None:
         """Each part is shut down even when one before it fails: above all the checkpointer,

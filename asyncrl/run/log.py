@@ -27,8 +27,8 @@ from typing import Any
 
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, describe
 from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
-from asyncrl.run.progress import Progress
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
+from asyncrl.run.progress import Progress
 from asyncrl.run.timing import Chrono
 
 # The run's logger, not this module's: its warnings read as they did when they were

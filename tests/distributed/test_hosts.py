@@ -57,15 +57,14 @@ def hosts():
         emulated_hosts.require_root_and_ip()
     except RuntimeError as error:
         pytest.fail(f"tests/distributed/test_hosts.py needs root and iproute2: {error}")
-    # One XLA compilation cache for every process on the hosts: the runs after the first
-    # skip most compiles (the same programs, the same shapes). Machine configuration, as a
-    # VM image's /etc/environment would set it; no behaviour under test depends on it.
-    # Under the cluster's root: gone with it.
+    # The suite's compilation cache (tests/conftest.py) for every process on the hosts, whose
+    # environment is made fresh: one filesystem, so they share its programs. Machine
+    # configuration, as a VM image's /etc/environment would set it; no behaviour under test
+    # depends on it.
     cluster = emulated_hosts.EmulatedHosts.up(2, owner_pid=os.getpid())
     try:
-        cluster.env.update({"JAX_COMPILATION_CACHE_DIR": f"{cluster.root}/xla-cache",
-                            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-                            "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"})
+        cluster.env.update({k: v for k, v in os.environ.items()
+                            if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))})
         cluster.save()
         started = gpu_vms(cluster, "start")
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-3000:]
@@ -75,6 +74,42 @@ def hosts():
             gpu_vms(cluster, "stop", timeout=120)
         finally:
             cluster.down()
+
+
+class BackgroundJob:
+    """`gpu_vms.sh run ARGS` in the background, its output read line by line as it comes;
+    killed on leaving the `with` block if it still runs."""
+
+    def __init__(self, hosts, *args: str):
+        self.process = gpu_vms(hosts, "run", *args, background=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(
+            target=lambda: self.lines.extend(iter(self.process.stdout.readline, "")), daemon=True)
+        self._reader.start()
+
+    def __enter__(self) -> "BackgroundJob":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+
+    def wait_for(self, what: str, seen, timeout_s: float = 400) -> None:
+        """Until `seen()` while the job runs; fails naming `what` and the output's tail."""
+        deadline = time.monotonic() + timeout_s
+        while not seen() and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert seen(), f"no {what}: " + "".join(self.lines)[-4000:]
+
+    def finish(self, timeout_s: float) -> str:
+        """Waits for the job to end; its whole output."""
+        self.process.wait(timeout=timeout_s)
+        self._reader.join(30)
+        return "".join(self.lines)
+
+
+def steps_logged(metrics: pathlib.Path) -> int:
+    return len(read_metrics(metrics)) if metrics.exists() else 0
 
 
 def job_output(done) -> str:
@@ -195,28 +230,15 @@ def interrupted(hosts):
     args = (f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}", *SMALL,
             "--config.distributed.transport=jax_transfer")
     metrics = pathlib.Path(hosts.path("h0", workdir)) / "metrics.jsonl"
-    first = gpu_vms(hosts, "run", *args, background=True)
-    output = []
-    reader = threading.Thread(target=lambda: output.append(first.stdout.read()), daemon=True)
-    reader.start()
-    try:
-        deadline = time.monotonic() + 400
-        while time.monotonic() < deadline and first.poll() is None:
-            if metrics.exists() and len(read_metrics(metrics)) >= 1:
-                break
-            time.sleep(0.2)
+    with BackgroundJob(hosts, *args) as first:
+        first.wait_for("step 1", lambda: steps_logged(metrics) >= 1)
         driver = [pid for pid in hosts_pid_runs(hosts, "h0", "asyncrl.main")
                   if pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:3]
                   == [b"-m", b"asyncrl.main"]]
         assert len(driver) == 1, f"driver processes on host 0: {driver}"
         os.kill(driver[0], signal.SIGTERM)  # what a preempted VM's driver gets
-        first.wait(timeout=300)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    reader.join(30)
-    first_output = "".join(output)
-    assert first.returncode == 0, first_output[-4000:]
+        first_output = first.finish(timeout_s=300)
+    assert first.process.returncode == 0, first_output[-4000:]
     stopped_at = len(read_metrics(metrics))
     second = gpu_vms(hosts, "run", *args)
     return first_output, stopped_at, second, workdir, steps
@@ -254,32 +276,16 @@ def test_a_host_killed_mid_run_is_waited_for_and_its_instance_rejoins_when_it_re
     # instance's work goes back to the coordinator, a fresh actor waits for a node that can
     # hold it, and `gpu_vms.sh join` brings host 1 back: the run finishes on it.
     workdir, steps = f"{hosts.home}/host-loss", 6
-    run = gpu_vms(hosts, "run", f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
-                  *SMALL, "--config.distributed.max_instance_restarts=1", background=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(run.stdout.readline, "")), daemon=True)
-    reader.start()
     metrics = pathlib.Path(hosts.path("h0", workdir)) / "metrics.jsonl"
-
-    def wait_for(what: str, seen) -> None:
-        deadline = time.monotonic() + 300
-        while not seen() and run.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert seen(), f"no {what}: " + "".join(lines)[-4000:]
-
-    try:
-        wait_for("step 2", lambda: metrics.exists() and len(read_metrics(metrics)) >= 2)
+    with BackgroundJob(hosts, f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
+                       *SMALL, "--config.distributed.max_instance_restarts=1") as run:
+        run.wait_for("step 2", lambda: steps_logged(metrics) >= 2)
         killed = hosts.kill("h1")
-        wait_for("restart", lambda: any("starting a fresh actor in place" in l for l in lines))
+        run.wait_for("restart", lambda: any("starting a fresh actor in place" in l for l in run.lines))
         joined = gpu_vms(hosts, "join")
         assert joined.returncode == 0, job_output(joined)[-3000:]
-        run.wait(timeout=400)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    reader.join(30)
-    output = "".join(lines)
-    assert run.returncode == 0, output[-4000:]
+        output = run.finish(timeout_s=400)
+    assert run.process.returncode == 0, output[-4000:]
     assert len(killed) >= 2  # the raylet and the instance's worker at least
     started = instances_started(output)
     assert len(started) == 2 and {node for _, node, _ in started} == {hosts.host("h1").address}
