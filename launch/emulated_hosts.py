@@ -11,7 +11,10 @@ scripts and tests/distributed/test_hosts.py run multi-host jobs on.
 Each host is a network namespace `<prefix>h<i>` with `lo` and one veth (`eth0`, address
 `<subnet>.<i+1>/24`); the veths' other ends join a bridge `<prefix>br` in the root namespace
 that has no address: the hosts reach each other and nothing else (no route leaves the subnet,
-and the machine's own addresses are not on it). The prefix (`arh<k>`) and subnet
+and the machine's own addresses are not on it). On a host the machine's name resolves to the
+host's address, as a cloud VM's /etc/hosts maps its name to its internal address (`ip netns
+exec` puts /etc/netns/<namespace>/hosts over /etc/hosts): what gloo, JAX's CPU collectives,
+tells the other processes to connect to. The prefix (`arh<k>`) and subnet
 (`10.213.<77+k>.0/24`) are the first k whose names and subnet nothing on the machine uses.
 
 A host has its own HOME and TMPDIR. HOME is the same path on every host (`<root>/home`, as
@@ -40,6 +43,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -181,6 +185,9 @@ class EmulatedHosts:
             _ip("-n", ns, "addr", "add", f"{address}/{subnet.prefixlen}", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             _ip("-n", ns, "link", "set", "lo", "up")
+            os.makedirs(_etc(ns), exist_ok=True)
+            with open(os.path.join(_etc(ns), "hosts"), "w") as f:
+                f.write(f"127.0.0.1 localhost\n{address} {socket.gethostname()}\n")
 
     def kill(self, name: str, grace_s: float = 0.0) -> list[int]:
         """Every process of a host: SIGTERM, then after grace_s SIGKILL (0: SIGKILL at once)."""
@@ -208,6 +215,7 @@ class EmulatedHosts:
                 if _ip("netns", "pids", host.namespace, check=False).returncode == 0:
                     self.kill(host.name)
                     _ip("netns", "del", host.namespace, check=False)  # its veth end goes too
+                shutil.rmtree(_etc(host.namespace), ignore_errors=True)
             except Exception as error:  # noqa: BLE001 - tear down the rest
                 errors.append(error)
         # Root-side ends (normally gone with their peer), then the bridge.
@@ -258,6 +266,11 @@ class EmulatedHosts:
               **kwargs) -> subprocess.CompletedProcess:
         """One shell command line on a host, as `ssh host 'command'` runs it."""
         return self.run(name, ["sh", "-c", command], env, **kwargs)
+
+
+def _etc(namespace: str) -> str:
+    """The files `ip netns exec` binds over /etc for commands in `namespace`."""
+    return os.path.join("/etc/netns", namespace)
 
 
 def _pids(namespace: str) -> list[int]:

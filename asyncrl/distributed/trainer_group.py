@@ -36,6 +36,7 @@ import socket
 
 from asyncrl.distributed import group_watch
 from asyncrl.distributed.cluster import is_loopback
+from asyncrl.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,9 @@ class GroupSettings:
     heartbeat_timeout_s: float = HEARTBEAT_TIMEOUT_S
 
 
-class GroupError(ValueError):
-    """Trainer-group settings that cannot form a group; the message names the setting."""
+class GroupError(UserError, ValueError):
+    """Trainer-group settings (or a host) that cannot form a group; the message names the
+    setting, or what to change on the host: one `error:` line from `asyncrl.main`."""
 
 
 def settings(distributed, environ=os.environ) -> GroupSettings:
@@ -89,6 +91,8 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
                               group.heartbeat_timeout_s)
     else:
         if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+            if os.environ.get("JAX_PLATFORMS") == "cpu":  # else the group's collectives may
+                check_gloo_reachable(group.coordinator_address)  # not be gloo's at all
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         bind = bind_address(group.coordinator_address) if group.process_id == 0 else None
         jax.distributed.initialize(group.coordinator_address, group.num_processes,
@@ -97,6 +101,30 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
                                    heartbeat_timeout_seconds=heartbeat)
     group_watch.start(group.process_id, group.num_processes, group.heartbeat_timeout_s)
     return group
+
+
+def check_gloo_reachable(coordinator_address: str, hostname: str | None = None) -> None:
+    """gloo, JAX's CPU collectives, tells the other processes to connect to the address this
+    host's name resolves to. Where that is a loopback address (a stock /etc/hosts maps the
+    name to 127.0.1.1) a group across hosts fails in its first collective with a connection
+    refused; this says why before any process waits on it. One machine's group is unaffected."""
+    if is_loopback(coordinator_address.rpartition(":")[0].strip("[]")):
+        return
+    hostname = hostname or socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(hostname)
+    except OSError as error:
+        raise GroupError(f"trainer group on CPU across hosts: this host's name {hostname!r} "
+                         f"does not resolve ({error}); gloo, JAX's CPU collectives, gives the "
+                         f"other processes the address it resolves to. Map it to this host's "
+                         f"address on the hosts' network (/etc/hosts)") from None
+    if is_loopback(resolved):
+        raise GroupError(f"trainer group on CPU across hosts: this host's name {hostname!r} "
+                         f"resolves to {resolved}, a loopback address, and gloo, JAX's CPU "
+                         f"collectives, would give the other processes that address to "
+                         f"connect to. Map {hostname!r} to this host's address on the hosts' "
+                         f"network in /etc/hosts (as cloud VMs do), coordinator "
+                         f"{coordinator_address}")
 
 
 def bind_address(address: str) -> str | None:

@@ -1,11 +1,12 @@
-"""One process of a two-process trainer group, for tests/distributed/test_group_watch.py:
+"""One process of a two-process trainer group, for tests/distributed/test_group_watch.py and,
+one process per emulated host, tests/distributed/test_hosts.py:
 
-    python -m tests.distributed.group_watch_process PORT PROCESS_ID HEARTBEAT_TIMEOUT_S
+    python -m tests.distributed.group_watch_process [HOST:]PORT PROCESS_ID HEARTBEAT_TIMEOUT_S
 
-The real `initialize` (jax.distributed on 127.0.0.1, the heartbeats) and the real
-TrainerGroup, both processes in the same loop of weight gathers (process 0 prints each), with a
-stand-in trainer: a mesh of one CPU device per process and host arrays for weights. No model,
-no compile beyond the gather's.
+The real `initialize` (jax.distributed, its coordinator on HOST, 127.0.0.1 if left out; the
+heartbeats) and the real TrainerGroup, both processes in the same loop of weight gathers
+(process 0 prints each), with a stand-in trainer: a mesh of one CPU device per process and
+host arrays for weights. No model, no compile beyond the gather's.
 """
 
 import itertools
@@ -18,10 +19,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=1")
 
 
-def main(port: str, process_id: int, heartbeat_timeout_s: float) -> None:
+def main(address: str, process_id: int, heartbeat_timeout_s: float) -> None:
     from asyncrl.distributed.trainer_group import GroupSettings, initialize
 
-    initialize(GroupSettings(f"127.0.0.1:{port}", 2, process_id, heartbeat_timeout_s))
+    if ":" not in address:
+        address = f"127.0.0.1:{address}"
+    initialize(GroupSettings(address, 2, process_id, heartbeat_timeout_s))
     import jax
     import numpy as np
     from jax.sharding import Mesh

@@ -123,16 +123,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_stopped_follower_ends_process_0_with_the_named_error_not_a_hang():
-    # 5 s against a beat every 0.5 s (a thread's key-value write); the test takes ~15 s.
-    port, deadline_s = free_port(), 5
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
-           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    processes = [subprocess.Popen(
-        [sys.executable, "-m", "tests.distributed.group_watch_process", str(port), str(i),
-         str(deadline_s)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True) for i in range(2)]
-    lead, follower = processes
+# 5 s against a beat every 0.5 s (a thread's key-value write); a test takes ~15 s.
+DEADLINE_S = 5
+
+
+def group_process_argv(address: str, process_id: int) -> list[str]:
+    return [sys.executable, "-m", "tests.distributed.group_watch_process", address,
+            str(process_id), str(DEADLINE_S)]
+
+
+def stop_the_follower_once_the_group_works(lead, follower) -> tuple[str, float]:
+    """SIGSTOPs the follower after process 0's third gather; process 0's output, and how long
+    it took to end after the stop. Both processes are killed on the way out."""
     try:
         lines = []
         while not any(line.startswith("gathered 2") for line in lines):  # the group works
@@ -142,17 +144,31 @@ def test_a_stopped_follower_ends_process_0_with_the_named_error_not_a_hang():
         os.kill(follower.pid, signal.SIGSTOP)
         stopped = time.monotonic()
         output = lead.communicate(timeout=120)[0]  # a hang fails here
-        took = time.monotonic() - stopped
+        return output, time.monotonic() - stopped
     finally:
-        for p in processes:
+        for p in (lead, follower):
             p.kill()
             p.wait()
+
+
+def assert_process_0_named_the_stopped_follower(lead, output: str, took: float) -> None:
     assert lead.returncode == EXIT_STATUS, output[-3000:]
     error = [line for line in output.splitlines() if line.startswith("error: ")]
     assert len(error) == 1, output[-3000:]
     silent = re.match(r"error: trainer group: process 1 of 2 sent no heartbeat for (\d+\.\d) s "
-                      rf"\(distributed.heartbeat_timeout_s = {deadline_s}\)", error[0])
-    assert silent and float(silent[1]) >= deadline_s, error[0]  # rounded to 0.1 s
+                      rf"\(distributed.heartbeat_timeout_s = {DEADLINE_S}\)", error[0])
+    assert silent and float(silent[1]) >= DEADLINE_S, error[0]  # rounded to 0.1 s
     assert "process 0 waits for it in the weight gather before the first train step" in error[0]
     # Silent since its last beat, which came up to a beat's interval before the SIGSTOP.
     assert took < 60, f"noticed after {took:.1f} s"
+
+
+def test_a_stopped_follower_ends_process_0_with_the_named_error_not_a_hang():
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    lead, follower = (subprocess.Popen(group_process_argv(str(port), i), cwd=ROOT, env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                      for i in range(2))
+    output, took = stop_the_follower_once_the_group_works(lead, follower)
+    assert_process_0_named_the_stopped_follower(lead, output, took)

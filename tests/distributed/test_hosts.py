@@ -20,6 +20,9 @@ import time
 import pytest
 
 from asyncrl.metrics import read_metrics
+from tests.distributed.test_group_watch import (assert_process_0_named_the_stopped_follower,
+                                                group_process_argv,
+                                                stop_the_follower_once_the_group_works)
 from tests.test_system import assert_every_entry_accounted_once
 
 # One worker runs the whole module (pyproject's --dist=loadgroup): split across two, each
@@ -152,6 +155,12 @@ def test_hosts_reach_each_other_and_nothing_else_and_keep_their_homes_apart(host
     probe = hosts.run("h1", ["python3", "-c", "import socket; socket.create_connection(('192.0.2.2', 22), 2)"],
                       capture_output=True, text=True, timeout=30)
     assert "Network is unreachable" in probe.stderr
+    # The machine's name resolves to each host's own address, as on cloud VMs.
+    for host in (h0, h1):
+        resolved = hosts.run(host.name, ["python3", "-c", "import socket; "
+                                         "print(socket.gethostbyname(socket.gethostname()))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        assert resolved == host.address
     # One HOME path, host-local contents; TMPDIR (Ray's temp dir) differs by path.
     hosts.shell("h1", "echo one > ~/only-on-h1", check=True)
     seen = hosts.shell("h0", "cat ~/only-on-h1 2>&1; echo $TMPDIR", capture_output=True,
@@ -184,6 +193,7 @@ def test_down_removes_every_namespace_link_and_process_even_after_a_failure(tmp_
         with emulated_hosts.EmulatedHosts.up(1, owner_pid=os.getpid()) as extra:
             sleeper = extra.popen("h0", ["sh", "-c", "sleep 600 & sleep 600"])
             names = (extra.bridge, extra.host("h0").namespace, extra.root)
+            assert os.path.exists(f"/etc/netns/{names[1]}/hosts")  # its name resolution
             deadline = time.monotonic() + 30
             while len(pids := emulated_hosts._pids(names[1])) < 2 and time.monotonic() < deadline:
                 time.sleep(0.05)
@@ -195,7 +205,7 @@ def test_down_removes_every_namespace_link_and_process_even_after_a_failure(tmp_
                                            text=True).stdout
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     assert f" {bridge}:" not in links and f" {bridge[:-2]}v0@" not in links
-    assert not os.path.exists(root)
+    assert not os.path.exists(root) and not os.path.exists(f"/etc/netns/{namespace}")
 
 
 def gone(pid: int) -> bool:
@@ -314,3 +324,20 @@ def test_a_trainer_group_over_two_hosts_with_host_local_workdirs_is_refused_nami
     assert "same shared storage" in errors[0]
     assert "Traceback" not in output
     assert not list(pathlib.Path(hosts.path("h0", workdir)).glob(".trainer-group-*"))
+
+
+def test_a_follower_stopped_on_the_other_host_ends_process_0_with_the_named_error(hosts):
+    # A two-process trainer group, process 0 and the jax.distributed coordinator on host 0,
+    # the follower on host 1 (each in its own namespace, on its own address): the follower is
+    # SIGSTOPped once the group works, and process 0 must end naming it, not wait forever.
+    free = hosts.run("h0", [sys.executable, "-c", "import socket; s = socket.socket(); "
+                            "s.bind(('', 0)); print(s.getsockname()[1])"],
+                     capture_output=True, text=True, check=True)
+    address = f"{hosts.host('h0').address}:{free.stdout.strip()}"
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu",
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+    lead, follower = (hosts.popen(name, group_process_argv(address, i), env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                      for i, name in enumerate(("h0", "h1")))
+    output, took = stop_the_follower_once_the_group_works(lead, follower)
+    assert_process_0_named_the_stopped_follower(lead, output, took)

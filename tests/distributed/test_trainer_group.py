@@ -17,7 +17,8 @@ import pytest
 from ml_collections import ConfigDict
 
 from asyncrl.config import ConfigError, validate
-from asyncrl.distributed.trainer_group import GroupError, GroupSettings, settings
+from asyncrl.distributed.trainer_group import (GroupError, GroupSettings, check_gloo_reachable,
+                                               settings)
 from asyncrl.metrics import read_metrics
 from tests.test_system import assert_every_entry_accounted_once, tiny
 
@@ -39,6 +40,17 @@ def test_settings_come_from_flags_then_the_environment():
         settings(unset(process_id=5), env)
     with pytest.raises(GroupError, match="needs its coordinator's 'host:port'"):
         settings(unset(num_processes=2, process_id=0), {})
+
+
+def test_a_cpu_group_across_hosts_on_a_host_named_for_loopback_is_refused_naming_the_fix():
+    # gloo hands the other processes the address this host's name resolves to: loopback
+    # (a stock /etc/hosts) cannot be reached from another host.
+    with pytest.raises(GroupError, match="this host's name 'localhost' resolves to 127.0.0.1, "
+                       "a loopback address.*Map 'localhost' to this host's address"):
+        check_gloo_reachable("10.0.0.1:1234", hostname="localhost")
+    with pytest.raises(GroupError, match="'no-such-host.invalid' does not resolve"):
+        check_gloo_reachable("10.0.0.1:1234", hostname="no-such-host.invalid")
+    check_gloo_reachable("127.0.0.1:1234", hostname="localhost")  # one machine: no matter
 
 
 def free_port() -> int:
