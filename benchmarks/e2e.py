@@ -5,6 +5,8 @@
     python benchmarks/e2e.py --variant=default    # SmolLM2-135M (long: ~20 min a schedule)
     python benchmarks/e2e.py --steps=30 --schedules=staleflow,sync
     python benchmarks/e2e.py --variant=longtail --frozen   # systems only: the policy stays put
+    python benchmarks/e2e.py --variant=longtail --frozen --schedules=staleflow,staleflow_max
+                                                  # StaleFlow's lead: auto (default) against max
     python benchmarks/e2e.py --compare-placement --variant=default --steps=6 --heldout_size=20
     python benchmarks/e2e.py --backend=ray --schedules=staleflow   # Ray actors against threads
 
@@ -17,7 +19,7 @@ simulator's cross-check with reality, tests/sim/test_reality.py, measures this w
 Throughput counts the rollout tokens the trainer consumed from step 2 on, over the wall time
 from the end of step 1 (so every schedule's compile time is left out). Accuracy is greedy,
 held out. The last line is JSON:
-{"tokens_per_s": {...}, "final_accuracy": {...}, "staleflow_vs_sync": …,
+{"tokens_per_s": {...}, "final_accuracy": {...}, "mean_staleness": {...}, "staleflow_vs_sync": …,
  "staleflow_vs_best_baseline": …, "busy": {...}}
 
 `--compare-placement` runs experiments/grpo.py (default or tiny) twice instead, the same
@@ -62,6 +64,10 @@ SCHEDULES = {
     "token_bucket": "experiments.baselines.token_bucket",
     "barrier": "experiments.baselines.barrier",
 }
+# A schedule above with one setting changed, measured when asked for by name (--schedules):
+# StaleFlow starting work as far ahead as η allows (`auto`, its default, holds one batch on
+# a CPU, whose cores the trainer and the instances share).
+SETTINGS = {"staleflow_max": ("staleflow", {"staleness.lead": "max"})}
 
 
 def measure(config, run_dir: pathlib.Path) -> dict:
@@ -71,7 +77,12 @@ def measure(config, run_dir: pathlib.Path) -> dict:
 
 
 def configure(name: str, variant: str, steps: int, frozen: bool = False, backend: str = "local"):
-    c = importlib.import_module(SCHEDULES[name]).get_config(None if variant == "default" else "tiny")
+    schedule, changes = SETTINGS.get(name, (name, {}))
+    c = importlib.import_module(SCHEDULES[schedule]).get_config(
+        None if variant == "default" else "tiny")
+    for field, value in changes.items():
+        section, key = field.split(".")
+        c[section][key] = value
     c.distributed.backend = backend
     if variant == "longtail":
         # The untrained model stops at a random token: lengths from 1 to the cap, with a long
@@ -93,6 +104,7 @@ def summarize(run_dir: pathlib.Path) -> dict:
         "final_accuracy": reported(results)["accuracy"],
         "reward_last5": sum(r["reward_mean"] for r in rows[-5:]) / 5,
         "max_staleness": int(max(lag for r in rows for lag in r["staleness"])),
+        "mean_staleness": results["staleness"]["mean_after_eta_steps"],  # None: too few steps
         "trainer_busy_frac": rows[-1]["trainer_busy_frac"],
         "instance_idle_frac": sum(idle) / len(idle),
         "seconds": seconds,
@@ -179,9 +191,10 @@ def main():
             parser.error("--compare-placement runs experiments/grpo.py: --variant tiny or default")
         return compare_placement(args)
     names = args.schedules.split(",")
-    unknown = [name for name in names if name not in SCHEDULES]
+    unknown = [name for name in names if name not in SCHEDULES and name not in SETTINGS]
     if unknown:
-        parser.error(f"--schedules: unknown {', '.join(unknown)}; known: {', '.join(SCHEDULES)}")
+        parser.error(f"--schedules: unknown {', '.join(unknown)}; known: "
+                     f"{', '.join([*SCHEDULES, *SETTINGS])}")
     workdir = pathlib.Path(args.workdir or tempfile.mkdtemp(prefix="e2e-"))
     on_ray = names if args.backend == "ray" else []
     if args.reuse:
@@ -206,11 +219,13 @@ def main():
     tps = {n: m["tokens_per_s"] for n, m in measured.items()}
     summary = {"tokens_per_s": {n: round(v, 1) for n, v in tps.items()},
                "final_accuracy": {n: m["final_accuracy"] for n, m in measured.items()},
+               "mean_staleness": {n: m["mean_staleness"] and round(m["mean_staleness"], 3)
+                                  for n, m in measured.items()},
                "busy": {n: {"trainer": round(m["trainer_busy_frac"], 3),
                             "instances_idle": round(m["instance_idle_frac"], 3)}
                         for n, m in measured.items()}}
     if "staleflow" in tps:
-        baselines = {n: v for n, v in tps.items() if n != "staleflow"}
+        baselines = {n: v for n, v in tps.items() if n in SCHEDULES and n != "staleflow"}
         if "sync" in tps:
             summary["staleflow_vs_sync"] = round(tps["staleflow"] / tps["sync"], 3)
         if baselines:

@@ -88,7 +88,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.staleness = ml_collections.ConfigDict()
     c.staleness.eta = arg.eta
     # How far ahead of the trainer new rollouts start: "auto" only as far as keeps it fed (lag
-    # ~1 when trainer-bound, η absorbs stragglers); "max" as far as η allows. In the
+    # ~1 when trainer-bound, η absorbs stragglers; one batch ahead at most on a CPU, whose
+    # cores the trainer and the instances share); "max" as far as η allows. In the
     # simulator's trainer-bound regime with long-tailed batches "auto" cost 15% of
     # throughput for 7% less staleness (docs/results.md, issue 29): "max" is the setting for
     # such runs.

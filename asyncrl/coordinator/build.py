@@ -35,6 +35,9 @@ class RunShape:
     # The step-latency model a router reads when the section names no latency_model file:
     # the simulator's profile; none live, where validation asks for the file instead.
     latency: LatencyModel | None = None
+    # The instances decode on the CPU cores the trainer computes on: StaleFlow's `auto` lead
+    # then holds one buffer (admission/staleflow.py). The simulator models accelerators.
+    shared_cores: bool = False
 
 
 def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSource) -> Core:
@@ -46,7 +49,8 @@ def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSou
     admission = build_admission(
         co.admission, eta=shape.eta, batch_size=shape.batch_size,
         redundant_batch_size=redundancy.redundant_batch_size(shape.batch_size),
-        sync=build_sync_policy(co.sync), lead=shape.lead, **params)
+        sync=build_sync_policy(co.sync), lead=shape.lead,
+        shared_cores=shape.shared_cores, **params)
     latency = shape.latency
     if co.latency_model and router_needs_latency(co.routing):
         latency = LatencyModel.load(co.latency_model)
@@ -59,13 +63,16 @@ def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSou
                 dynamic_sampling=co.dynamic_sampling, dispatch=co.dispatch, binding=co.binding)
 
 
-def live_shape(c) -> RunShape:
-    """The shape of the live run config `c`."""
+def live_shape(c, shared_cores: bool = False) -> RunShape:
+    """The shape of the live run config `c`; whether its instances share the trainer's CPU
+    cores, its rollout backend knows (`InstanceSet.shared_cores`)."""
     return RunShape(eta=c.staleness.eta, lead=c.staleness.lead, batch_size=c.train.batch_size,
                     num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,
-                    group_size=c.rollout.group_size, max_new_tokens=c.rollout.max_new_tokens)
+                    group_size=c.rollout.group_size, max_new_tokens=c.rollout.max_new_tokens,
+                    shared_cores=shared_cores)
 
 
-def core_from_config(c, server: TrajectoryServer, prompts: PromptSource) -> Core:
+def core_from_config(c, server: TrajectoryServer, prompts: PromptSource, *,
+                     shared_cores: bool = False) -> Core:
     """The live run's core (`config.coordinator`, sized by `live_shape`)."""
-    return build_core(c.coordinator, live_shape(c), server, prompts)
+    return build_core(c.coordinator, live_shape(c, shared_cores), server, prompts)

@@ -34,6 +34,7 @@ class LocalInstances:
 
     def __init__(self, c, policy: Policy, meshes):
         self.c, self.policy, self.meshes = c, policy, list(meshes)
+        self.shared_cores = self.meshes[0].devices.flat[0].platform == "cpu"
 
     def attach(self, driver: ThreadedDriver) -> None:
         c, policy = self.c, self.policy

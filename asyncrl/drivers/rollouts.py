@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -44,6 +45,9 @@ class WeightStore(Protocol):
 
 class InstanceSet(Protocol):
     """A rollout backend: the instances, wherever they run, as the driver sees them."""
+
+    # The instances decode on the CPU, whose cores the trainer computes on too.
+    shared_cores: bool
 
     def attach(self, driver: ThreadedDriver) -> None:
         """Adds the instances to `driver.instances`, reporting to `driver.reporter`, writing
@@ -76,7 +80,13 @@ class Rollouts:
                                       plugins=tuple(c.rewards.plugins))
             undo.callback(self.rewards.close)
             self.core = core_from_config(c, self.server,
-                                         PromptStream(c, policy, data.train, data.cursor))
+                                         PromptStream(c, policy, data.train, data.cursor),
+                                         shared_cores=instances.shared_cores)
+            if instances.shared_cores and c.staleness.lead == "auto":
+                logging.info("staleness.lead=auto: the trainer and the rollout instances share "
+                             "this host's CPU cores, so new rollouts start one batch ahead at "
+                             "most (lag 1); --config.staleness.lead=max starts them as far "
+                             "ahead as η allows")
             self.driver = ThreadedDriver(self.core, self.server, parameters, self.rewards,
                                          self._reward_request,
                                          stall_timeout_s=c.rollout.stall_timeout_s)

@@ -27,7 +27,7 @@ def sim_shape(c, profile: Profile, max_new_tokens: int) -> RunShape:
     return RunShape(eta=c.eta, lead=c.lead, batch_size=batch_size(c),
                     num_instances=c.num_instances, num_slots=num_slots(c, profile),
                     group_size=c.group_size, max_new_tokens=max_new_tokens,
-                    latency=profile.latency)
+                    latency=profile.latency, shared_cores=c.shared_cores)
 
 
 def core_from_sim_config(c, profile: Profile, server: TrajectoryServer, prompts: PromptSource,

@@ -5,6 +5,8 @@ Fields of `run_config()` (a locked ConfigDict; a misspelt override fails):
   num_instances, eta, seed
   lead                   the live config's staleness.lead: 'auto' (new work starts only as far
                          ahead of the trainer as keeps it fed) or 'max' (as far as η allows)
+  shared_cores           decide as a live run whose instances share the trainer's CPU cores
+                         (`auto` holds one buffer); the simulator does not model the sharing
   label                  the system's name in results and tables ('' = the admission's name)
   coordinator.*          the live config's `coordinator` section, the same schema
                          (asyncrl/coordinator/config.py) with cluster-scale defaults:
@@ -54,6 +56,7 @@ def run_config() -> ml_collections.ConfigDict:
     c.num_instances = 32
     c.eta = 2
     c.lead = "max"
+    c.shared_cores = False
     c.seed = 0
     c.label = ""
     # A simulated run defaults to StaleFlow with its own tools (systems()' "staleflow"), not

@@ -481,8 +481,9 @@ def test_the_run_waits_for_a_restart_when_every_instance_is_down_and_ends_if_non
         core.step(0.0, [RejoinFailed(0, "restarts spent")])
 
 
-def test_lead_auto_starts_only_the_work_that_feeds_the_trainer():
-    core, server = make_core(eta=2, batch=2, lead="auto")
+@pytest.mark.parametrize("shared_cores", [False, True], ids=["accelerators", "cpu"])
+def test_lead_auto_starts_only_the_work_that_feeds_the_trainer(shared_cores):
+    core, server = make_core(eta=2, batch=2, lead="auto", shared_cores=shared_cores)
     groups = of(Dispatch, core.step(0.0, [Published(0), state(0), state(1)]))
     # `max` would start (η + 1)·B = 6 entries; `auto` covers the trainer's next buffer only.
     assert len(groups) == 2
@@ -501,10 +502,17 @@ def test_lead_auto_starts_only_the_work_that_feeds_the_trainer():
     assert not of(Dispatch, core.step(0.0, [state(0), state(1)]))
     groups = of(Dispatch, core.step(0.0, [Synced(0, 1), Synced(1, 1)]))
     assert len(groups) == 2 and {server.v_traj(d.entry) for d in groups} == {1}
-    # Step 1 ends before batch 2 is ready: the trainer waits, the lead grows by a buffer.
+    # Step 1 ends before batch 2 is ready: the trainer waits. On accelerators of their own
+    # the lead grows by a buffer; on the trainer's CPU cores more work in flight would slow
+    # the step it waits for: the lead stays one buffer.
     out = core.step(0.0, [Published(2), state(0, version=1, queued=2), state(1, version=1, queued=2)])
-    assert core.admission.lead_entries == 4 and len(of(Dispatch, out)) == 2
-    assert core.admission.state_dict()["lead_entries"] == 4
+    lead = 2 if shared_cores else 4
+    assert core.admission.lead_entries == lead and len(of(Dispatch, out)) == lead - 2
+    assert core.admission.state_dict()["lead_entries"] == lead
+    # A checkpoint of the longer lead resumed on a CPU keeps to one buffer.
+    resumed, _ = make_core(eta=2, batch=2, lead="auto", shared_cores=True)
+    resumed.admission.load_state_dict(core.admission.state_dict())
+    assert resumed.admission.lead_entries == 2
 
 
 def test_lead_is_checked_by_name():

@@ -1,7 +1,8 @@
 """StaleFlow never consumes an entry staler than η, whatever the workload and policies.
 
 Randomised small clusters: few slots (so work queues), tiny batches, every router, sync,
-migration and redundancy policy, both leads, partial rollout on and off, heavy-tailed lengths. The core
+migration and redundancy policy, both leads (`auto` also as on a CPU's shared cores), partial
+rollout on and off, heavy-tailed lengths. The core
 checks V_traj ≤ version ≤ V_traj + η on every consume of a bounded admission (and raises),
 every simulated instance asserts no response starts on weights older than its entry's
 V_traj, and the test checks the recorded histogram.
@@ -34,6 +35,7 @@ def workloads(draw):
         seed=draw(st.integers(0, 2**16)),
     )
     c.lead = draw(st.sampled_from(LEADS))
+    c.shared_cores = draw(st.booleans())
     co = c.coordinator
     co.routing = draw(st.sampled_from(ROUTERS.names()))
     co.dispatch = draw(st.sampled_from(DISPATCH_MODES.names()))

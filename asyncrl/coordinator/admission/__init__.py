@@ -41,14 +41,16 @@ from asyncrl.coordinator.sync import SyncPolicy
 
 
 def build_admission(name: str, *, eta: int, batch_size: int, redundant_batch_size: int,
-                    sync: SyncPolicy, lead: str = "max", **params) -> Admission:
-    """The admission `name` with its own parameters (`params`, e.g. over_sampling)."""
+                    sync: SyncPolicy, lead: str = "max", shared_cores: bool = False,
+                    **params) -> Admission:
+    """The admission `name` with its own parameters (`params`, e.g. over_sampling).
+    `lead` and `shared_cores` shape StaleFlow's lead; the other admissions have none."""
     factory = ADMISSIONS.get(name)
     check_lead(lead)
     if factory is StaleFlow:
         return StaleFlow(eta=eta, batch_size=batch_size,
                          redundant_batch_size=redundant_batch_size, sync=sync, lead=lead,
-                         **params)
+                         shared_cores=shared_cores, **params)
     if redundant_batch_size != batch_size:
         raise ValueError(f"batch redundancy needs the staleflow admission, not {name!r}")
     return factory(eta=eta, batch_size=batch_size, **params)

@@ -19,6 +19,13 @@ Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a c
         A trainer-bound run thus keeps L = 1: buffer v fills with weights v − 1 while step
         v − 1 trains, lag 1. A rollout-bound run (the trainer waits at every step) reaches
         L = η + 1, where this rule admits what `max` does, keeping its throughput.
+          - Shared cores (`shared_cores`: the instances run on the CPU, whose cores the trainer
+            computes on too; every device of a CPU run is a share of them): L stays 1. A wait
+            there does not say the lead is short: more work in flight takes its cycles from
+            the trainer's step, so a longer lead slows training about as much as it feeds it.
+            Measured (docs/results.md, issue 29): the tiny run at lag 1.0 with 1.10-1.27× the
+            tokens/s of `max`; with responses long-tailed to 32 tokens 0.83-0.91× `max`'s
+            tokens/s at half its lag, the price of this rule where the tail leaves cores idle.
         Nothing waits forever: while the trainer waits for buffer v, either entries are in
         flight (each lands in buffer v, or is aborted and uncovers it) or buffer v, PENDING
         with nothing reserved, is uncovered and reservable at P; an instance below P that may
@@ -55,7 +62,7 @@ def check_lead(lead) -> None:
 @ADMISSIONS.register("staleflow")
 class StaleFlow(Admission):
     def __init__(self, *, eta: int, batch_size: int, redundant_batch_size: int | None = None,
-                 sync: SyncPolicy, lead: str = "max"):
+                 sync: SyncPolicy, lead: str = "max", shared_cores: bool = False):
         check_lead(lead)
         self.sm = StalenessManager(eta, batch_size, redundant_batch_size)
         self.sync = sync
@@ -63,7 +70,7 @@ class StaleFlow(Admission):
         full = self.sm.redundant_batch_size
         self.lead_entries = full  # `auto`'s L, in entries
         self._lead_step = -(-full // LEAD_STEPS_PER_BUFFER)
-        self._lead_cap = (eta + 1) * full
+        self._lead_cap = (1 if shared_cores else eta + 1) * full
         self._fed = 0  # publishes in a row whose next batch was ready
         self._published: int | None = None  # the newest publish seen by this process
         # What the core asks at every step (can a version reserve, is a buffer ready, did the
@@ -180,6 +187,8 @@ class StaleFlow(Admission):
             raise ValueError(f"the checkpoint's staleness protocol has η={sm.eta}, B={sm.batch_size}; "
                              f"the config has η={self.sm.eta}, B={self.sm.batch_size}")
         self.sm = sm
-        self.lead_entries = state.get("lead_entries", self.sm.redundant_batch_size)
+        # A checkpoint of a run on accelerators resumed on a CPU keeps to one buffer.
+        self.lead_entries = min(state.get("lead_entries", self.sm.redundant_batch_size),
+                                self._lead_cap)
         self._fed = state.get("fed", 0)
         self._changing()
