@@ -90,9 +90,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # How far ahead of the trainer new rollouts start: "auto" only as far as keeps it fed (lag
     # ~1 when trainer-bound, η absorbs stragglers; one batch ahead at most on a CPU, whose
     # cores the trainer and the instances share); "max" as far as η allows. In the
-    # simulator's trainer-bound regime with long-tailed batches "auto" cost 15% of
-    # throughput for 7% less staleness (docs/results.md, issue 29): "max" is the setting for
-    # such runs.
+    # simulator's trainer-bound regime "auto" trains at half "max"'s staleness for 4% less
+    # throughput; on a CPU with long-tailed responses 0.83-0.91x its throughput
+    # (docs/results.md, issue 29): "max" is the setting where throughput comes first.
     c.staleness.lead = "auto"
 
     # Admission, routing, sync, migration: defined once with the simulator's

@@ -72,6 +72,7 @@ class Core:
         self.decode_steps = np.zeros(num_instances, np.int64)
         self.members = Membership()
         self.dead = self.members.dead  # failed instances (the policies read it)
+        self.now = 0.0  # the driver's clock at the current (or last) step
         self.latest_version = 0  # newest published weights (version 0: the initial policy)
         self.version = 0  # the next batch the trainer takes
         self.next_entry_id = 0
@@ -91,6 +92,7 @@ class Core:
     # ---------------------------------------------------------------- the step
 
     def step(self, now: float, events: Iterable[Event] = ()) -> list[Command]:
+        self.now = now
         self._forget_given_up()
         for event in events:
             self._handle(event)
@@ -464,6 +466,10 @@ class _AdmissionView:
     @property
     def latest_version(self) -> int:
         return self._core.latest_version
+
+    @property
+    def now(self) -> float:
+        return self._core.now
 
     @property
     def partial_rollout(self) -> bool:

@@ -146,6 +146,9 @@ class CoreView(Protocol):
     def latest_version(self) -> int: ...  # the newest published weights
 
     @property
+    def now(self) -> float: ...  # the driver's clock (s) at the core's current or last step
+
+    @property
     def partial_rollout(self) -> bool: ...  # a weight sync interrupts work, which resumes
 
     def v_traj(self, entry: int) -> int: ...

@@ -481,38 +481,78 @@ def test_the_run_waits_for_a_restart_when_every_instance_is_down_and_ends_if_non
         core.step(0.0, [RejoinFailed(0, "restarts spent")])
 
 
-@pytest.mark.parametrize("shared_cores", [False, True], ids=["accelerators", "cpu"])
-def test_lead_auto_starts_only_the_work_that_feeds_the_trainer(shared_cores):
-    core, server = make_core(eta=2, batch=2, lead="auto", shared_cores=shared_cores)
+def test_lead_auto_starts_only_the_work_that_feeds_the_trainer():
+    core, server = make_core(eta=2, batch=2, lead="auto")
     groups = of(Dispatch, core.step(0.0, [Published(0), state(0), state(1)]))
     # `max` would start (η + 1)·B = 6 entries; `auto` covers the trainer's next buffer only.
     assert len(groups) == 2
     for d in groups:
         finish_group(core, server, d)
     assert core.take_batch(0).staleness == [0, 0]
-    # Step 0 trains: the next buffer is filled with weights 0, at lag 1.
+    # Step 0 trains (10 s): the next buffer is filled with weights 0, at lag 1.
     groups = of(Dispatch, core.step(0.0, [state(0), state(1)]))
     assert len(groups) == 2
     for d in groups:
         finish_group(core, server, d)
-    out = core.step(0.0, [Published(1)])  # batch 1 was ready when the step ended: fed
+    out = core.step(10.0, [Published(1)])  # batch 1 was ready when the step ended: fed
     assert not of(Dispatch, out) and sorted(s.instance for s in of(Sync, out)) == [0, 1]
     assert core.take_batch(1).staleness == [1, 1]
     # Weights 1 exist: nothing starts on weights 0, however free those instances are.
-    assert not of(Dispatch, core.step(0.0, [state(0), state(1)]))
-    groups = of(Dispatch, core.step(0.0, [Synced(0, 1), Synced(1, 1)]))
-    assert len(groups) == 2 and {server.v_traj(d.entry) for d in groups} == {1}
-    # Step 1 ends before batch 2 is ready: the trainer waits. On accelerators of their own
-    # the lead grows by a buffer; on the trainer's CPU cores more work in flight would slow
-    # the step it waits for: the lead stays one buffer.
-    out = core.step(0.0, [Published(2), state(0, version=1, queued=2), state(1, version=1, queued=2)])
-    lead = 2 if shared_cores else 4
-    assert core.admission.lead_entries == lead and len(of(Dispatch, out)) == lead - 2
-    assert core.admission.state_dict()["lead_entries"] == lead
+    assert not of(Dispatch, core.step(10.0, [state(0), state(1)]))
+    late = of(Dispatch, core.step(10.0, [Synced(0, 1), Synced(1, 1)]))
+    assert len(late) == 2 and {server.v_traj(d.entry) for d in late} == {1}
+
+    def wait_for_batch(version, published_at, waited_s):
+        """Step `version` − 1 ends before its batch is ready (its entries, dispatched at
+        weights `version` − 1, run on): the trainer waits, and work at the newest weights
+        starts beside them, one buffer more; it finishes first and fills the batch (lag 0),
+        the stragglers moving on to the next (reserved there: `version` − 1 + η)."""
+        out = core.step(published_at, [Published(version), state(0, version=version - 1, queued=2),
+                                       state(1, version=version - 1, queued=2)])
+        assert core.admission.lead_entries == 2 and not of(Dispatch, out)  # not yet synced
+        fresh = of(Dispatch, core.step(published_at, [Synced(0, version), Synced(1, version)]))
+        assert len(fresh) == 2 and {server.v_traj(d.entry) for d in fresh} == {version}
+        for d in fresh:
+            finish_group(core, server, d, now=published_at + waited_s)
+        assert core.take_batch(version).staleness == [0, 0]
+
+    def stragglers_land(dispatched, version, at):
+        for d in dispatched:
+            finish_group(core, server, d, now=at)
+        core.step(at, [Published(version)])  # the batch was ready when the step ended
+        assert core.take_batch(version).staleness == [2, 2]  # within η
+        return of(Dispatch, core.step(at, [Synced(0, version), Synced(1, version)]))
+
+    # Step 1 took 10 s; a 1 s wait is the price of lag 1: the lead stays one buffer.
+    wait_for_batch(2, published_at=20.0, waited_s=1.0)
+    assert core.admission.lead_entries == 2
+    late = stragglers_land(late, 3, at=31.0)
+    assert len(late) == 2
+    # Step 3 took 10 s again and the trainer then waits 4 s: the lead grows by a buffer.
+    wait_for_batch(4, published_at=41.0, waited_s=4.0)
+    assert core.admission.lead_entries == 4
+    assert core.admission.state_dict()["lead_entries"] == 4
     # A checkpoint of the longer lead resumed on a CPU keeps to one buffer.
     resumed, _ = make_core(eta=2, batch=2, lead="auto", shared_cores=True)
     resumed.admission.load_state_dict(core.admission.state_dict())
     assert resumed.admission.lead_entries == 2
+
+
+def test_lead_auto_on_a_cpu_holds_one_buffer_and_starts_nothing_more_while_the_trainer_waits():
+    # The instances decode on the cores the trainer computes on: work added in flight would
+    # slow the step (or the stragglers) the trainer waits for.
+    core, server = make_core(eta=2, batch=2, lead="auto", shared_cores=True)
+    for d in of(Dispatch, core.step(0.0, [Published(0), state(0), state(1)])):
+        finish_group(core, server, d)
+    core.take_batch(0)
+    stragglers = of(Dispatch, core.step(0.0, [state(0), state(1)]))
+    assert len(stragglers) == 2
+    core.step(10.0, [Published(1), state(0, queued=2), state(1, queued=2)])  # the trainer waits
+    assert not of(Dispatch, core.step(10.0, [Synced(0, 1), Synced(1, 1)]))
+    for d in stragglers:  # a wait as long as the step: on accelerators the lead would grow
+        finish_group(core, server, d, now=20.0)
+    assert core.take_batch(1).staleness == [1, 1]
+    assert core.admission.lead_entries == 2
 
 
 def test_lead_is_checked_by_name():

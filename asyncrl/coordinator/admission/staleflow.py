@@ -13,14 +13,23 @@ Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a c
             each in the lowest PENDING buffer, so work in flight fills buffer v first).
           - A new entry is admitted at V_traj = u only if u ≥ P − (L − 1), P the newest
             published weights: with L = 1 only the newest weights start work.
-          - L starts at 1. When the trainer publishes weights v (its step v − 1 is done) and
-            buffer v is not READY, the trainer waits: the lead was too short, L += 1. After
-            `FED_TO_SHORTEN` publishes in a row with buffer v READY, L −= 1.
+          - While the trainer waits (it published weights v, its step v − 1 being done, and
+            buffer v is not READY), one buffer more is uncovered: work at the newest weights
+            starts beside buffer v's stragglers, and what finishes first fills buffer v
+            (occupy takes the lowest PENDING buffer), the stragglers moving on to v + 1.
+          - L starts at 1. When the batch the trainer waited for is taken, L += 1 if the
+            wait was longer than `WAIT_TO_GROW` of the step before it (the times are the
+            driver's `now`): a shorter wait is the price of lag 1, a longer one says the
+            lead is too short. After `FED_TO_SHORTEN` publishes in a row with buffer v
+            READY, L −= 1.
         A trainer-bound run thus keeps L = 1: buffer v fills with weights v − 1 while step
-        v − 1 trains, lag 1. A rollout-bound run (the trainer waits at every step) reaches
-        L = η + 1, where this rule admits what `max` does, keeping its throughput.
+        v − 1 trains, lag 1, the stragglers of a long-tailed batch overtaken while it waits.
+        A rollout-bound run (the trainer waits long at every step) reaches L = η + 1, where
+        this rule admits what `max` does, keeping its throughput.
           - Shared cores (`shared_cores`: the instances run on the CPU, whose cores the trainer
-            computes on too; every device of a CPU run is a share of them): L stays 1. A wait
+            computes on too; every device of a CPU run is a share of them): L stays 1, and no
+            buffer more while the trainer waits (the tiny run: 0.87-1.22× `max`'s tokens/s with
+            it, 1.10-1.27× without, seeds 0-2, one run each). A wait
             there does not say the lead is short: more work in flight takes its cycles from
             the trainer's step, so a longer lead slows training about as much as it feeds it.
             Measured (docs/results.md, issue 29): the tiny run at lag 1.0 with 1.10-1.27× the
@@ -46,6 +55,11 @@ from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
 
 LEADS = ("auto", "max")
+# `auto` lengthens its lead after a wait longer than this share of the train step before it.
+# In the simulator's trainer-bound regime (benchmarks/sim_lead.py, η = 2) a lead grown on
+# every wait traded 2.5% of throughput for 0.77 versions of mean staleness (1.73 against
+# 0.97); 0.1 kept 1.13.
+WAIT_TO_GROW = 0.2
 # `auto` shortens its lead after this many steps whose batch was ready when asked for: one
 # wait costs a step part of a batch's rollout, so the lead is tried shorter only rarely.
 FED_TO_SHORTEN = 4
@@ -70,9 +84,15 @@ class StaleFlow(Admission):
         full = self.sm.redundant_batch_size
         self.lead_entries = full  # `auto`'s L, in entries
         self._lead_step = -(-full // LEAD_STEPS_PER_BUFFER)
+        self.shared_cores = shared_cores
         self._lead_cap = (1 if shared_cores else eta + 1) * full
         self._fed = 0  # publishes in a row whose next batch was ready
         self._published: int | None = None  # the newest publish seen by this process
+        # When the trainer began to wait for its next batch (None: it is not waiting), and
+        # when it took the last one; the driver's clock, not saved (a resumed run measures
+        # afresh).
+        self._waiting_since: float | None = None
+        self._step_began: float | None = None
         # What the core asks at every step (can a version reserve, is a buffer ready, did the
         # abort rule fire), remembered until the manager changes: every change goes through
         # a hook below, which forgets it. At scale most steps change nothing here.
@@ -104,6 +124,8 @@ class StaleFlow(Admission):
         """`auto`'s rule (the module's docstring), for a reservable version."""
         entries = self.lead_entries
         buffers = -(-entries // self.sm.redundant_batch_size)
+        if self._waiting_since is not None and not self.shared_cores:
+            entries += self.sm.redundant_batch_size
         return (version >= self.view.latest_version - (buffers - 1)
                 and not self.sm.covered(entries))
 
@@ -144,6 +166,14 @@ class StaleFlow(Admission):
         if self.sm.version != version:
             raise StalenessError(f"consume of batch {version}: the protocol is at {self.sm.version}")
         self._changing()
+        now = self.view.now
+        if self._waiting_since is not None:
+            waited = now - self._waiting_since
+            step = None if self._step_began is None else self._waiting_since - self._step_began
+            if step is None or waited > WAIT_TO_GROW * step:
+                self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
+            self._waiting_since = None
+        self._step_began = now
         return self.sm.consume()  # checks the invariant of every entry
 
     def describe(self, version):
@@ -164,7 +194,7 @@ class StaleFlow(Admission):
                 self._fed = 0
         else:
             self._fed = 0
-            self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
+            self._waiting_since = self.view.now
 
     def syncs(self, dirty):
         latest, cluster, out = self.view.latest_version, self.view.cluster, []
