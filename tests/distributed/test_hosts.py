@@ -68,6 +68,10 @@ def hosts():
     try:
         cluster.env.update({k: v for k, v in os.environ.items()
                             if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))})
+        # The stuck-engine test's hook (tests/distributed/stall_hook): inert until its marker
+        # file appears. The driver passes PYTHONPATH on to the instance actors.
+        cluster.env["PYTHONPATH"] = str(ROOT / "tests" / "distributed" / "stall_hook")
+        cluster.env["ASYNCRL_TEST_STALL_MARKER"] = os.path.join(cluster.root, "stall-decode")
         cluster.save()
         started = gpu_vms(cluster, "start")
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-3000:]
@@ -307,6 +311,39 @@ def test_a_host_killed_mid_run_is_waited_for_and_its_instance_rejoins_when_it_re
     assert last["instance0_restarts"] == 1 and last["instance0_finished"] > 0
     # What it held when its host died went back to the coordinator (the run is rollout-bound
     # here: the instance always holds work; two runs: 32 of 32 slots each time).
+    assert last["rerouted_after_failure"] >= 1
+    assert max(lag for r in rows for lag in r["staleness"]) <= 2
+    assert_every_entry_accounted_once(rows, results["protocol"])
+
+
+def test_an_engine_stuck_on_the_other_host_is_failed_by_the_watchdog_and_replaced(hosts):
+    # After step 2 the instance's engine on host 1 enters a decode step that never returns
+    # (tests/distributed/stall_hook), while its actor goes on answering polls: the driver's
+    # watchdog fails it after rollout.stall_timeout_s, naming why, its work goes back to the
+    # coordinator, a fresh actor takes its place on host 1, and the run finishes.
+    workdir, steps = f"{hosts.home}/stuck-engine", 6
+    metrics = pathlib.Path(hosts.path("h0", workdir)) / "metrics.jsonl"
+    marker = pathlib.Path(hosts.env["ASYNCRL_TEST_STALL_MARKER"])
+    with BackgroundJob(hosts, f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
+                       *SMALL, "--config.distributed.max_instance_restarts=1",
+                       "--config.rollout.stall_timeout_s=10") as run:
+        run.wait_for("step 2", lambda: steps_logged(metrics) >= 2)
+        marker.touch()
+        run.wait_for("the watchdog's verdict", lambda: any("made no progress" in line
+                                                           for line in run.lines))
+        output = run.finish(timeout_s=400)
+    assert run.process.returncode == 0, output[-4000:]
+    assert not marker.exists()  # a decode step took it: the engine did get stuck
+    verdict = next(line for line in output.splitlines() if "made no progress" in line)
+    stalled = re.search(r"made no progress for (\d+) s: its engine is stuck in one prefill or "
+                        r"decode step", verdict)
+    assert stalled and int(stalled[1]) >= 10, verdict
+    started = instances_started(output)
+    assert len(started) == 2 and {node for _, node, _ in started} == {hosts.host("h1").address}
+    results, rows = results_of(hosts, workdir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    last = rows[-1]
+    assert last["failed_instances"] == 1 and last["rejoined_instances"] == 1
     assert last["rerouted_after_failure"] >= 1
     assert max(lag for r in rows for lag in r["staleness"]) <= 2
     assert_every_entry_accounted_once(rows, results["protocol"])

@@ -16,7 +16,8 @@ Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a c
           - While the trainer waits (it published weights v, its step v − 1 being done, and
             buffer v is not READY), one buffer more is uncovered: work at the newest weights
             starts beside buffer v's stragglers, and what finishes first fills buffer v
-            (occupy takes the lowest PENDING buffer), the stragglers moving on to v + 1.
+            (occupy takes the lowest PENDING buffer with a slot no entry reserved; the
+            stragglers reserved η ahead), the stragglers moving on to v + 1.
           - L starts at 1. When the batch the trainer waited for is taken, L += 1 if the
             wait was longer than `WAIT_TO_GROW` of the step before it (the times are the
             driver's `now`): a shorter wait is the price of lag 1, a longer one says the
@@ -56,9 +57,9 @@ from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
 
 LEADS = ("auto", "max")
 # `auto` lengthens its lead after a wait longer than this share of the train step before it.
-# In the simulator's trainer-bound regime (benchmarks/sim_lead.py, η = 2) a lead grown on
-# every wait traded 2.5% of throughput for 0.77 versions of mean staleness (1.73 against
-# 0.97); 0.1 kept 1.13.
+# In the simulator's trainer-bound regime (benchmarks/sim_lead.py, η = 2) growing on every
+# wait bought 2.5% more throughput for 0.77 versions more mean staleness (1.73 against 0.97);
+# a share of 0.1 gave 1.13.
 WAIT_TO_GROW = 0.2
 # `auto` shortens its lead after this many steps whose batch was ready when asked for: one
 # wait costs a step part of a batch's rollout, so the lead is tried shorter only rarely.
