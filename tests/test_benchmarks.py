@@ -140,6 +140,15 @@ def test_learning_benchmark_ranks_a_run_that_never_reached_the_target_last():
     assert not learning.goal_met(None, finals)
 
 
+def test_learning_benchmark_times_nothing_to_a_target_no_higher_than_the_start():
+    learning = _learning_module()
+    runs = {"sync": [{"curve": [(0.0, 0.0), (20.0, 0.0)]}],
+            "staleflow": [{"curve": [(0.0, 0.1), (20.0, 0.4)]}]}
+    assert not learning.target_above_start(runs, 0.0 - 0.05)  # sync ended at 0: target < 0
+    assert not learning.target_above_start(runs, 0.1)  # staleflow started there
+    assert learning.target_above_start(runs, 0.15)
+
+
 def _reward_audit():
     spec = importlib.util.spec_from_file_location("reward_audit", ROOT / "benchmarks" / "reward_audit.py")
     module = importlib.util.module_from_spec(spec)
