@@ -219,8 +219,8 @@ def main():
     tps = {n: m["tokens_per_s"] for n, m in measured.items()}
     summary = {"tokens_per_s": {n: round(v, 1) for n, v in tps.items()},
                "final_accuracy": {n: m["final_accuracy"] for n, m in measured.items()},
-               "mean_staleness": {n: m["mean_staleness"] and round(m["mean_staleness"], 3)
-                                  for n, m in measured.items()},
+               "mean_staleness": {n: None if m["mean_staleness"] is None
+                                  else round(m["mean_staleness"], 3) for n, m in measured.items()},
                "busy": {n: {"trainer": round(m["trainer_busy_frac"], 3),
                             "instances_idle": round(m["instance_idle_frac"], 3)}
                         for n, m in measured.items()}}

@@ -279,6 +279,9 @@ def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):
            "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    # On a CPU the trainer and the instances share the cores: `auto` (the default) holds
+    # one buffer, and the run says so.
+    assert "share this host's CPU cores, so new rollouts start one batch ahead" in done.stderr
     rows = read_metrics(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     lags = [lag for r in rows for lag in r["staleness"]]

@@ -106,11 +106,11 @@ class RayInstances:
 
     def __init__(self, c, policy, layout_mesh: Mesh):
         self.c, self.policy = c, policy
-        # The actors take `instance_platform`, or the platform their node has, as this one's.
-        # CPU actors on other hosts count as sharing too: a CPU cluster is a test bed, on one
-        # machine or on hosts emulated on one.
-        self.shared_cores = (c.distributed.instance_platform
-                             or layout_mesh.devices.flat[0].platform) == "cpu"
+        # A CPU driver whose actors run on the CPU too (`instance_platform` cpu, or unset: the
+        # nodes are then taken to be as this one). CPU actors on other hosts count as sharing
+        # as well: a CPU cluster is a test bed, on one machine or on hosts emulated on one.
+        self.shared_cores = (layout_mesh.devices.flat[0].platform == "cpu"
+                             and c.distributed.instance_platform in ("", "cpu"))
         self.rejoiner: Rejoiner | None = None  # made with the instances, in attach
         split_machine(c)  # a no-op after asyncrl.main's (before JAX): for runs started otherwise
         self.cluster = connect(c.distributed)

@@ -90,9 +90,10 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
         group = GroupSettings("auto", jax.process_count(), jax.process_index(),
                               group.heartbeat_timeout_s)
     else:
-        if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
-            if os.environ.get("JAX_PLATFORMS") == "cpu":  # else the group's collectives may
-                check_gloo_reachable(group.coordinator_address)  # not be gloo's at all
+        if environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+            # Only a group known to be on the CPU: on an accelerator gloo may carry nothing.
+            if environ.get("JAX_PLATFORMS") == "cpu":
+                check_gloo_reachable(group.coordinator_address)
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
         bind = bind_address(group.coordinator_address) if group.process_id == 0 else None
         jax.distributed.initialize(group.coordinator_address, group.num_processes,
@@ -107,7 +108,8 @@ def check_gloo_reachable(coordinator_address: str, hostname: str | None = None) 
     """gloo, JAX's CPU collectives, tells the other processes to connect to the address this
     host's name resolves to. Where that is a loopback address (a stock /etc/hosts maps the
     name to 127.0.1.1) a group across hosts fails in its first collective with a connection
-    refused; this says why before any process waits on it. One machine's group is unaffected."""
+    refused; this says why before any process waits on it. A group named by a loopback
+    coordinator (one machine) is not checked."""
     if is_loopback(coordinator_address.rpartition(":")[0].strip("[]")):
         return
     hostname = hostname or socket.gethostname()
@@ -124,7 +126,8 @@ def check_gloo_reachable(coordinator_address: str, hostname: str | None = None) 
                          f"collectives, would give the other processes that address to "
                          f"connect to. Map {hostname!r} to this host's address on the hosts' "
                          f"network in /etc/hosts (as cloud VMs do), coordinator "
-                         f"{coordinator_address}")
+                         f"{coordinator_address}; or, if every process of the group runs on "
+                         f"this host, name the coordinator by a loopback address (127.0.0.1)")
 
 
 def bind_address(address: str) -> str | None:

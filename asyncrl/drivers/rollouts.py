@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
 
+from asyncrl.coordinator.admission import StaleFlow
 from asyncrl.coordinator.build import core_from_config
 from asyncrl.coordinator.messages import Published
 from asyncrl.drivers.threaded import ThreadedDriver
@@ -82,11 +82,15 @@ class Rollouts:
             self.core = core_from_config(c, self.server,
                                          PromptStream(c, policy, data.train, data.cursor),
                                          shared_cores=instances.shared_cores)
-            if instances.shared_cores and c.staleness.lead == "auto":
-                logging.info("staleness.lead=auto: the trainer and the rollout instances share "
-                             "this host's CPU cores, so new rollouts start one batch ahead at "
-                             "most (lag 1); --config.staleness.lead=max starts them as far "
-                             "ahead as η allows")
+            # What a user should know about the run's lead before its first step (the run
+            # shows it above the progress bar); None: nothing beyond the config.
+            admission, self.lead_note = self.core.admission, None
+            if isinstance(admission, StaleFlow) and admission.lead == "auto" \
+                    and admission.shared_cores:
+                self.lead_note = ("staleness.lead=auto: the trainer and the rollout instances "
+                                  "share this host's CPU cores, so new rollouts start one batch "
+                                  "ahead at most (lag 1); --config.staleness.lead=max starts "
+                                  "them as far ahead as η allows")
             self.driver = ThreadedDriver(self.core, self.server, parameters, self.rewards,
                                          self._reward_request,
                                          stall_timeout_s=c.rollout.stall_timeout_s)

@@ -148,6 +148,8 @@ class Lead:
     def begin(self, source: str, resume, step: int, params) -> None:
         """After the restore: the records, the first evaluation, then the rollouts start."""
         self.progress.note(f"train: {source}; placement: {self.layout}")
+        if self.rollouts.lead_note:
+            self.progress.note(self.rollouts.lead_note)
         if resume is not None:
             self.rollouts.restore(resume)
         self.record = RunLog(self.workdir, self.progress, self.layout,

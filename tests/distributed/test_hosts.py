@@ -70,7 +70,9 @@ def hosts():
                             if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))})
         # The stuck-engine test's hook (tests/distributed/stall_hook): inert until its marker
         # file appears. The driver passes PYTHONPATH on to the instance actors.
-        cluster.env["PYTHONPATH"] = str(ROOT / "tests" / "distributed" / "stall_hook")
+        cluster.env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [str(ROOT / "tests" / "distributed" / "stall_hook"),
+                        os.environ.get("PYTHONPATH", "")] if p)
         cluster.env["ASYNCRL_TEST_STALL_MARKER"] = os.path.join(cluster.root, "stall-decode")
         cluster.save()
         started = gpu_vms(cluster, "start")
@@ -324,16 +326,19 @@ def test_an_engine_stuck_on_the_other_host_is_failed_by_the_watchdog_and_replace
     workdir, steps = f"{hosts.home}/stuck-engine", 6
     metrics = pathlib.Path(hosts.path("h0", workdir)) / "metrics.jsonl"
     marker = pathlib.Path(hosts.env["ASYNCRL_TEST_STALL_MARKER"])
-    with BackgroundJob(hosts, f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
-                       *SMALL, "--config.distributed.max_instance_restarts=1",
-                       "--config.rollout.stall_timeout_s=10") as run:
-        run.wait_for("step 2", lambda: steps_logged(metrics) >= 2)
-        marker.touch()
-        run.wait_for("the watchdog's verdict", lambda: any("made no progress" in line
-                                                           for line in run.lines))
-        output = run.finish(timeout_s=400)
+    try:
+        with BackgroundJob(hosts, f"--workdir={workdir}", *TINY, f"--config.train.steps={steps}",
+                           *SMALL, "--config.distributed.max_instance_restarts=1",
+                           "--config.rollout.stall_timeout_s=10") as run:
+            run.wait_for("step 2", lambda: steps_logged(metrics) >= 2)
+            marker.touch()
+            run.wait_for("the watchdog's verdict", lambda: any("made no progress" in line
+                                                               for line in run.lines))
+            output = run.finish(timeout_s=400)
+        assert not marker.exists()  # a decode step took it: the engine did get stuck
+    finally:
+        marker.unlink(missing_ok=True)  # never left to stall a later test's engine
     assert run.process.returncode == 0, output[-4000:]
-    assert not marker.exists()  # a decode step took it: the engine did get stuck
     verdict = next(line for line in output.splitlines() if "made no progress" in line)
     stalled = re.search(r"made no progress for (\d+) s: its engine is stuck in one prefill or "
                         r"decode step", verdict)

@@ -13,29 +13,28 @@ Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a c
             each in the lowest PENDING buffer, so work in flight fills buffer v first).
           - A new entry is admitted at V_traj = u only if u ≥ P − (L − 1), P the newest
             published weights: with L = 1 only the newest weights start work.
-          - While the trainer waits (it published weights v, its step v − 1 being done, and
-            buffer v is not READY), one buffer more is uncovered: work at the newest weights
+          - Late batches: when the trainer publishes weights v (its step v − 1 done) and
+            buffer v is not READY, the batch is late; how late is the time until it turns
+            READY (the driver's `now`), against the step before it.
+          - While a batch is late, one buffer more is uncovered: work at the newest weights
             starts beside buffer v's stragglers, and what finishes first fills buffer v
-            (occupy takes the lowest PENDING buffer with a slot no entry reserved; the
-            stragglers reserved η ahead), the stragglers moving on to v + 1.
-          - L starts at 1. When the batch the trainer waited for is taken, L += 1 if the
-            wait was longer than `WAIT_TO_GROW` of the step before it (the times are the
-            driver's `now`): a shorter wait is the price of lag 1, a longer one says the
-            lead is too short. After `FED_TO_SHORTEN` publishes in a row with buffer v
-            READY, L −= 1.
-        A trainer-bound run thus keeps L = 1: buffer v fills with weights v − 1 while step
-        v − 1 trains, lag 1, the stragglers of a long-tailed batch overtaken while it waits.
-        A rollout-bound run (the trainer waits long at every step) reaches L = η + 1, where
-        this rule admits what `max` does, keeping its throughput.
-          - Shared cores (`shared_cores`: the instances run on the CPU, whose cores the trainer
-            computes on too; every device of a CPU run is a share of them): L stays 1, and no
-            buffer more while the trainer waits (the tiny run: 0.87-1.22× `max`'s tokens/s with
-            it, 1.10-1.27× without, seeds 0-2, one run each). A wait
-            there does not say the lead is short: more work in flight takes its cycles from
-            the trainer's step, so a longer lead slows training about as much as it feeds it.
-            Measured (docs/results.md, issue 29): the tiny run at lag 1.0 with 1.10-1.27× the
-            tokens/s of `max`; with responses long-tailed to 32 tokens 0.83-0.91× `max`'s
-            tokens/s at half its lag, the price of this rule where the tail leaves cores idle.
+            (occupy takes the lowest PENDING buffer with a slot no entry reserved; with
+            η ≥ 2 the stragglers reserved a later one), the stragglers moving on within η.
+          - L starts at 1. A batch later than `WAIT_TO_GROW` of the step before it says the
+            lead is too short: L += 1. A shorter delay is the price of lag 1 and counts, as
+            a batch ready in time does, towards `FED_TO_SHORTEN` in a row, after which
+            L −= 1.
+          - Shared cores (`shared_cores`: the instances run on the CPU, whose cores the
+            trainer computes on too; every device of a CPU run is a share of them): L stays
+            1 and nothing more starts while a batch is late. There a late batch does not say
+            the lead is short: work added in flight takes its cycles from the trainer's step
+            (or from the stragglers it waits for), so it slows training about as much as it
+            feeds it. Its price where long-tailed responses leave cores idle, and the tries
+            that chose it: docs/results.md, issue 29.
+        On accelerators a trainer-bound run thus keeps L = 1: buffer v fills with weights
+        v − 1 while step v − 1 trains, lag 1, a long-tailed batch's stragglers overtaken
+        while it is late. A rollout-bound run (its batches late by much at every step)
+        reaches L = η + 1, where this rule admits what `max` does, keeping its throughput.
         Nothing waits forever: while the trainer waits for buffer v, either entries are in
         flight (each lands in buffer v, or is aborted and uncovers it) or buffer v, PENDING
         with nothing reserved, is uncovered and reservable at P; an instance below P that may
@@ -56,13 +55,14 @@ from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
 
 LEADS = ("auto", "max")
-# `auto` lengthens its lead after a wait longer than this share of the train step before it.
-# In the simulator's trainer-bound regime (benchmarks/sim_lead.py, η = 2) growing on every
-# wait bought 2.5% more throughput for 0.77 versions more mean staleness (1.73 against 0.97);
-# a share of 0.1 gave 1.13.
+# `auto` lengthens its lead after a batch later than this share of the train step before it.
+# In the simulator's trainer-bound regime (benchmarks/sim_lead.py, η = 2, seed 0, with a buffer
+# more started while a batch is late): growing at every late batch gave 45,907 tokens/s at
+# mean staleness 1.73, at a share of 0.1 45,072 at 1.13, at 0.2 44,773 at 0.97.
 WAIT_TO_GROW = 0.2
-# `auto` shortens its lead after this many steps whose batch was ready when asked for: one
-# wait costs a step part of a batch's rollout, so the lead is tried shorter only rarely.
+# `auto` shortens its lead after this many steps whose batch was in time (or late by less than
+# WAIT_TO_GROW): one late batch costs a step part of a batch's rollout, so the lead is tried
+# shorter only rarely.
 FED_TO_SHORTEN = 4
 # Steps of the lead per buffer. Finer steps (4 tried) took 8 waits to reach a rollout-bound
 # run's lead, 0.92 of `max`'s throughput in the simulator's latency regime: whole buffers.
@@ -89,10 +89,11 @@ class StaleFlow(Admission):
         self._lead_cap = (1 if shared_cores else eta + 1) * full
         self._fed = 0  # publishes in a row whose next batch was ready
         self._published: int | None = None  # the newest publish seen by this process
-        # When the trainer began to wait for its next batch (None: it is not waiting), and
-        # when it took the last one; the driver's clock, not saved (a resumed run measures
-        # afresh).
-        self._waiting_since: float | None = None
+        # The driver's clock (not saved: a resumed run measures afresh) when the trainer's
+        # next batch was found late at its publish (None: it was in time), when that batch
+        # turned READY, and when the trainer took the batch before it.
+        self._late_since: float | None = None
+        self._ready_at: float | None = None
         self._step_began: float | None = None
         # What the core asks at every step (can a version reserve, is a buffer ready, did the
         # abort rule fire), remembered until the manager changes: every change goes through
@@ -124,8 +125,9 @@ class StaleFlow(Admission):
     def _on_demand(self, version: int) -> bool:
         """`auto`'s rule (the module's docstring), for a reservable version."""
         entries = self.lead_entries
+        # The weights that may start work are L's, whatever is added while a batch is late.
         buffers = -(-entries // self.sm.redundant_batch_size)
-        if self._waiting_since is not None and not self.shared_cores:
+        if self._late_since is not None and self._ready_at is None and not self.shared_cores:
             entries += self.sm.redundant_batch_size
         return (version >= self.view.latest_version - (buffers - 1)
                 and not self.sm.covered(entries))
@@ -140,6 +142,9 @@ class StaleFlow(Admission):
     def on_scored(self, entry):
         self._changing()
         self.sm.occupy(entry)
+        if (self._late_since is not None and self._ready_at is None
+                and self.sm.status(self.sm.version) is BufferStatus.READY):
+            self._ready_at = self.view.now
         return ()  # the abort rule's entries leave through `take_aborted`
 
     def on_aborted(self, entry):
@@ -168,14 +173,27 @@ class StaleFlow(Admission):
             raise StalenessError(f"consume of batch {version}: the protocol is at {self.sm.version}")
         self._changing()
         now = self.view.now
-        if self._waiting_since is not None:
-            waited = now - self._waiting_since
-            step = None if self._step_began is None else self._waiting_since - self._step_began
-            if step is None or waited > WAIT_TO_GROW * step:
-                self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
-            self._waiting_since = None
+        if self._late_since is not None:
+            # Until READY, not until taken: a checkpoint the trainer writes after publishing
+            # is no part of the rollout's delay.
+            late_s = (now if self._ready_at is None else self._ready_at) - self._late_since
+            step_s = None if self._step_began is None else self._late_since - self._step_began
+            self._judge(in_time=step_s is not None and late_s <= WAIT_TO_GROW * step_s)
+            self._late_since = self._ready_at = None
         self._step_began = now
         return self.sm.consume()  # checks the invariant of every entry
+
+    def _judge(self, in_time: bool) -> None:
+        """`auto`'s lead after a batch: shorter after FED_TO_SHORTEN in time, longer after a
+        late one."""
+        if in_time:
+            self._fed += 1
+            if self._fed >= FED_TO_SHORTEN and self.lead_entries > self.sm.redundant_batch_size:
+                self.lead_entries -= self._lead_step
+                self._fed = 0
+        else:
+            self._fed = 0
+            self.lead_entries = min(self.lead_entries + self._lead_step, self._lead_cap)
 
     def describe(self, version):
         reserved, occupied = self.sm.buffer_counts(version)
@@ -189,13 +207,9 @@ class StaleFlow(Admission):
         if first or self.lead != "auto" or version != self.sm.version:
             return
         if self.sm.status(version) is BufferStatus.READY:
-            self._fed += 1
-            if self._fed >= FED_TO_SHORTEN and self.lead_entries > self.sm.redundant_batch_size:
-                self.lead_entries -= self._lead_step
-                self._fed = 0
+            self._judge(in_time=True)
         else:
-            self._fed = 0
-            self._waiting_since = self.view.now
+            self._late_since = self.view.now
 
     def syncs(self, dirty):
         latest, cluster, out = self.view.latest_version, self.view.cluster, []
