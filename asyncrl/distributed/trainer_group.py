@@ -104,13 +104,18 @@ def initialize(distributed, environ=os.environ, timeout_s: int = 300) -> GroupSe
     return group
 
 
+def _host(address: str) -> str:
+    """The host of a 'host:port' address ('[v6]:port' too)."""
+    return address.rpartition(":")[0].strip("[]")
+
+
 def check_gloo_reachable(coordinator_address: str, hostname: str | None = None) -> None:
     """gloo, JAX's CPU collectives, tells the other processes to connect to the address this
     host's name resolves to. Where that is a loopback address (a stock /etc/hosts maps the
     name to 127.0.1.1) a group across hosts fails in its first collective with a connection
     refused; this says why before any process waits on it. A group named by a loopback
     coordinator (one machine) is not checked."""
-    if is_loopback(coordinator_address.rpartition(":")[0].strip("[]")):
+    if is_loopback(_host(coordinator_address)):
         return
     hostname = hostname or socket.gethostname()
     try:
@@ -135,7 +140,7 @@ def bind_address(address: str) -> str | None:
     on one machine, the node's cluster-facing address across hosts), never every interface,
     since the coordinator has no authentication (launch/README.md). None (JAX's default, [::])
     when the address is a name, or one this host cannot bind (behind NAT, say: logged)."""
-    host = address.rpartition(":")[0].strip("[]")
+    host = _host(address)
     if is_loopback(host):
         return address
     try:
