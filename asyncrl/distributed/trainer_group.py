@@ -3,7 +3,7 @@
     group = initialize(c.distributed)      # flags, else JAX_* environment; 1 process: no-op
     mesh = trainer_mesh(jax.devices())     # every process's devices form one FSDP mesh
     batch = share(batch)                   # process 0's host batch, on every process
-    host_params = gather(state.params)     # full host copies (to publish weights from one)
+    params = gather_to_lead(state.params, mesh)  # host copies on process 0 (it publishes them)
 
 Settings come from `config.distributed` (coordinator_address, num_processes, process_id) or,
 where those are unset, from JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID; on a
@@ -223,11 +223,23 @@ def check_devices_per_process() -> None:
             "the same number of visible GPUs")
 
 
-def gather(tree):
-    """Every process's shards joined into full host arrays, on every process."""
-    from jax.experimental import multihost_utils
+def gather_to_lead(tree, mesh):
+    """Full host copies of a group's arrays (sharded over `mesh`) on process 0; None on the others.
 
-    return multihost_utils.process_allgather(tree, tiled=True)
+    Every process takes part in the gather, a collective on the mesh's devices (NCCL, ICI or
+    gloo), but only process 0, whose rollouts and evaluator use the weights, copies them to host
+    memory: `multihost_utils.process_allgather` gives every host a model-sized copy every step,
+    which a follower only drops."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    full = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, PartitionSpec()))(tree)
+    if jax.process_index() != 0:
+        # Done before the follower's next collective, so a failure here is attributed to it.
+        jax.block_until_ready(full)
+        return None
+    return jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), full)
 
 
 # ---------------------------------------------------------------------------- the group check
@@ -257,6 +269,7 @@ def check(steps: int, distributed) -> dict:
     devices (process 0's batch shared to all), and returns the losses."""
     group = initialize(distributed)
     import jax
+    import numpy as np
 
     from asyncrl.model import ModelConfig
     from asyncrl.train.losses import LossConfig
@@ -271,8 +284,12 @@ def check(steps: int, distributed) -> dict:
         batch = share(synthetic_batch(step, model))
         state, metrics = trainer.step(state, trainer.put_batch(batch))
         losses.append(float(metrics["loss"]))
+    weights = gather_to_lead(trainer.policy_params(state.params), trainer.mesh)
     return {"process": group.process_id, "processes": jax.process_count(),
-            "devices": jax.device_count(), "losses": losses}
+            "devices": jax.device_count(), "losses": losses,
+            # What process 0 would publish (None where nothing reaches the host).
+            "weights_abs_sum": None if weights is None else float(
+                sum(np.abs(x.astype(np.float64)).sum() for x in jax.tree.leaves(weights)))}
 
 
 def main() -> None:

@@ -38,7 +38,7 @@ import jax
 import numpy as np
 
 from asyncrl.distributed import group_watch
-from asyncrl.distributed.trainer_group import gather, share
+from asyncrl.distributed.trainer_group import gather_to_lead, share
 from asyncrl.train.checkpoint import Checkpointer, ResumeData
 from asyncrl.train.trainer import TrainBatch, Trainer, TrainState
 
@@ -92,11 +92,12 @@ class TrainerGroup:
 
     def host_params(self, state: TrainState):
         """Weights process 0 can hand to its rollouts and evaluator. In a group the arrays
-        span every process (not addressable here): they are gathered to host copies."""
+        span every process (not addressable here): every process takes part in gathering
+        them, process 0 alone gets host copies, the others None."""
         if self.processes == 1:
             return self.trainer.policy_params(state.params)
         with self._collective(PARAMS, {}):
-            return gather(self.trainer.policy_params(state.params))
+            return gather_to_lead(self.trainer.policy_params(state.params), self.trainer.mesh)
 
     def agree(self, flag: bool) -> bool:
         """Process 0's `flag`, on every process (a decision only it can make)."""

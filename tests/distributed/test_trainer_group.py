@@ -105,6 +105,9 @@ def test_two_processes_train_like_one():
     assert alone["processes"] == alone["devices"] == 1
     assert pair[0]["losses"] == pair[1]["losses"]
     assert pair[0]["losses"] == pytest.approx(alone["losses"], rel=1e-5, abs=1e-6)
+    # Process 0 gets the weights one process would have trained; the follower no host copy.
+    assert pair[0]["weights_abs_sum"] == pytest.approx(alone["weights_abs_sum"], rel=1e-5)
+    assert pair[1]["weights_abs_sum"] is None
     assert seen == {"127.0.0.1"}, f"the coordinator listened on {seen}"
 
 
