@@ -223,6 +223,16 @@ def check_devices_per_process() -> None:
             "the same number of visible GPUs")
 
 
+@functools.lru_cache
+def _replicated_on(mesh):
+    """One jitted identity per mesh: a fresh function each step would be traced and compiled
+    again every step."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
 def gather_to_lead(tree, mesh):
     """Full host copies of a group's arrays (sharded over `mesh`) on process 0; None on the others.
 
@@ -232,9 +242,8 @@ def gather_to_lead(tree, mesh):
     which a follower only drops."""
     import jax
     import numpy as np
-    from jax.sharding import NamedSharding, PartitionSpec
 
-    full = jax.jit(lambda t: t, out_shardings=NamedSharding(mesh, PartitionSpec()))(tree)
+    full = _replicated_on(mesh)(tree)
     if jax.process_index() != 0:
         # Done before the follower's next collective, so a failure here is attributed to it.
         jax.block_until_ready(full)
