@@ -223,7 +223,7 @@ def check_devices_per_process() -> None:
             "the same number of visible GPUs")
 
 
-@functools.lru_cache
+@functools.cache
 def _replicated_on(mesh):
     """One jitted identity per mesh: a fresh function each step would be traced and compiled
     again every step."""
