@@ -97,7 +97,7 @@ def test_the_trainer_group_names_each_collective_to_the_watch(monkeypatch):
     monkeypatch.setattr(group_watch, "_running", [watch])
     monkeypatch.setattr(trainer_ops, "announce", lambda op, header, mesh: seen.append(watch._doing))
     monkeypatch.setattr(trainer_ops, "share", lambda tree, mesh: tree)
-    monkeypatch.setattr(trainer_ops, "gather", lambda tree: tree)
+    monkeypatch.setattr(trainer_ops, "gather_to_lead", lambda tree, mesh: tree)
     trainer = types.SimpleNamespace(mesh=None, put_batch=lambda b: b,
                                     step=lambda state, batch: (state, {}),
                                     policy_params=lambda params: params)
