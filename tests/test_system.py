@@ -108,9 +108,16 @@ def test_accuracy_is_graded_strictly_and_every_final_response_is_kept(async_run)
         for k in kept:
             assert k["correct"] == (exact_answer(k["response"], k["answer"]) == 1.0), k
     assert all(0.0 <= r["format_rate"] <= 1.0 and 0.0 <= r["cut_rate"] <= 1.0 for r in rows)
-    # A full reward always came with a stated answer: nothing to flag.
+    # A full reward always came with a stated answer, so that sign never shows. The other (the
+    # reward rising while the format rate falls) can: answer_first pays partial credit, and
+    # which batches this run trains on depends on its timing (a loaded host made it so at
+    # step 65). Whatever the run did, the metrics and results.json must tell it alike.
     assert all(r["rewarded_unformatted"] == 0.0 for r in rows)
-    assert not any(r["reward_hacking_suspected"] for r in rows) and "reward_hacking" not in results
+    flagged = [r["reward_hacking_suspected"] for r in rows]
+    turned_on = [r["step"] for i, r in enumerate(rows) if flagged[i] and not (i and flagged[i - 1])]
+    events = results.get("reward_hacking", [])
+    assert [e["step"] for e in events] == turned_on
+    assert all(e["why"].startswith("the batch reward rose by") for e in events)
 
 
 def test_a_reward_paying_unstated_answers_is_flagged_as_possible_reward_hacking(tmp_path, caplog):
