@@ -33,7 +33,8 @@ def _share_compiled_programs(config):
     job twice (interrupt and rerun, run and resume). With the cache, tests/test_system.py
     took 128 s on two workers against 263 s without (one run each, quiet host). Machine
     configuration, as a CI image would set it; no assertion depends on it (a cache hit still
-    traces and yields the same executable). Set here, before any test module imports JAX, which reads these at import.
+    traces and yields the same executable). Set here, before any test module imports JAX,
+    which reads these at import.
     A bounded size turns on the cache's file lock, which the two workers need.
     """
     if "JAX_COMPILATION_CACHE_DIR" in os.environ:  # a worker, inheriting xdist's controller
