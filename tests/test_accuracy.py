@@ -8,7 +8,8 @@ import pytest
 
 from asyncrl.data.heldout import TEST, TRAIN_SET, VALIDATION
 from asyncrl.data.sources import build_task_data
-from asyncrl.eval.accuracy import EvalResult, describe, pass_at_k
+from asyncrl.eval.accuracy import EvalResult, describe, grade_in_pool, pass_at_k
+from asyncrl.rewards import RewardPool
 
 
 def closed_form(n, c, k):
@@ -63,7 +64,8 @@ def test_results_say_which_set_they_were_measured_on():
     assert describe(train_set).startswith("train-set accuracy 0.250 on 8 problems")
     assert train_set.as_dict("eval") == {"eval_accuracy": 0.25, "eval_mean_length": 3.0,
                                          "eval_label": "train-set", "eval_format_rate": 0.5,
-                                         "eval_pass@1": 0.25, "eval_cut_rate": 0.0}
+                                         "eval_pass@1": 0.25, "eval_cut_rate": 0.0,
+                                         "eval_grader_errors": 0}
     assert dataclasses.asdict(train_set)["eval_label"] == "train-set"  # the results.json entry
     with pytest.raises(ValueError, match=r"label must be one of \('validation', 'test', "
                                          r"'train-set'\), got 'held-out'"):
@@ -82,3 +84,24 @@ def test_the_task_data_labels_each_split_it_evaluates():
     with pytest.raises(ValueError, match=r"evaluation split must be one of \('validation', "
                                          r"'test'\), got 'train'"):
         split.eval_label("train")
+
+
+def test_a_response_the_grader_fails_on_scores_0_is_counted_and_grading_goes_on():
+    # Evaluation grades in reward workers: a response that makes the grader raise (here a
+    # stand-in for math-verify past its time limit on a power tower) is one 0, with its reason.
+    tower = r"\boxed{9^{9^{9^{9}}}}"
+    with RewardPool(num_workers=2, timeout_s=5.0, plugins=("tests.rewards._hostile",)) as pool:
+        graded = grade_in_pool(pool, "test_chokes_on_tower", ["7", tower, "8", "7"], ["7"] * 4)
+        assert graded.scores == [1.0, 0.0, 0.0, 1.0]
+        assert graded.errors == [None, "TimeoutError: verifying took too long", None, None]
+        # The real grader: the tower against a numeric gold is no answer, found without math-verify.
+        real = grade_in_pool(pool, "math_verify", [tower, r"\boxed{50}"], ["50", "50"])
+        assert real.scores == [0.0, 1.0] and real.errors == [None, None]
+        # A reference the grader cannot read is broken data: loud, naming it.
+        with pytest.raises(ValueError, match=r"the reward 'test_reference_unreadable' fails on "
+                                             r"the reference answer '\\\\frac\{' whatever"):
+            grade_in_pool(pool, "test_reference_unreadable", ["7"], ["\\frac{"])
+    counted = result_with(grader_errors=1)
+    assert counted.as_dict("eval")["eval_grader_errors"] == 1
+    assert describe(counted).endswith("; 1 responses could not be graded (scored 0)")
+    assert "could not be graded" not in describe(result_with())

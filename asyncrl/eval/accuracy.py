@@ -10,6 +10,12 @@ when training uses a lenient reward, and reported beside the rate of responses t
 answer where the prompt asked (the format rate) and the rate cut at the token cap: a policy
 that learned to game a reward shows there, not as accuracy.
 
+Grading runs in reward worker processes (asyncrl/rewards/pool.py), as in training: a grader
+that raises on a response or runs past the time limit (math-verify on `\\boxed{9^{9^{9^{9}}}}`)
+scores that response 0 and is counted (`grader_errors`), and never stops the evaluation; in
+this process, off the main thread, nothing could stop a verifier that hangs. A reference
+answer the grader cannot read is broken data: a ValueError, loudly.
+
 Runs on engines of its own (greedy: temperature 0; sampled: the rollout's sampling) so it
 never disturbs the training rollouts' random streams; the slots are refilled continuously,
 as in rollout, and a problem's k samples share one prefill (multi-sampling).
@@ -18,6 +24,7 @@ as in rollout, and a problem's k samples share one prefill (multi-sampling).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import pathlib
@@ -32,7 +39,7 @@ import numpy as np
 
 from asyncrl.data.heldout import EVAL_LABELS, VALIDATION
 from asyncrl.model import ShardingRules, shardings_for
-from asyncrl.rewards import REWARDS
+from asyncrl.rewards import RewardPool
 from asyncrl.rewards.registry import format_check, strict_grader
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
@@ -42,7 +49,28 @@ from asyncrl.servers.parameters import place
 
 log = logging.getLogger(__name__)
 
-Score = Callable[[str, str], float]  # (response, answer) -> reward; 1.0 means correct
+@dataclasses.dataclass(frozen=True)
+class Graded:
+    scores: list[float]  # 1.0 means correct (or formatted); 0.0 where grading failed
+    errors: list[str | None]  # why grading a response failed, in one line; None: it did not
+
+
+# (responses, answers) -> their grades, in order
+Grade = Callable[[Sequence[str], Sequence[str]], Graded]
+
+
+def grade_in_pool(pool: RewardPool, reward: str, responses: Sequence[str],
+                  answers: Sequence[str]) -> Graded:
+    """Each response graded by the reward `reward` in `pool`'s workers. One whose grading
+    raised or ran past the pool's timeout scores 0.0 and says why; a reward that fails on a
+    reference answer whatever the response is broken data (or a broken reward): ValueError."""
+    outcomes = pool.map(reward, [{"response": r, "answer": a} for r, a in zip(responses, answers)])
+    for outcome, answer in zip(outcomes, answers):
+        if outcome.raised:
+            raise ValueError(f"evaluation: the reward {reward!r} fails on the reference answer "
+                             f"{str(answer)[:80]!r} whatever the response: {outcome.error}")
+    return Graded([o.reward if o.ok else 0.0 for o in outcomes],
+                  [o.error or o.response_error for o in outcomes])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,19 +83,23 @@ class Completions:
     cut: np.ndarray  # stopped by the token cap, not by the model
     responses: list[list[str]]
     seconds: float
+    errors: list[list[str | None]]  # why grading (or the format check) failed; None: it did not
+
+    @property
+    def grader_errors(self) -> int:
+        return sum(e is not None for row in self.errors for e in row)
 
 
 def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: Sequence[str],
-             decode: Callable[[list[int]], str], score: Score, samples: int = 1,
-             is_formatted: Score | None = None, version: int = 0) -> Completions:
-    """Generates `samples` responses per prompt and scores each."""
+             decode: Callable[[list[int]], str], score: Grade, samples: int = 1,
+             is_formatted: Grade | None = None, version: int = 0) -> Completions:
+    """Generates `samples` responses per prompt, then grades them all."""
     if not 1 <= samples <= engine.num_slots:
         raise ValueError(f"samples per problem must be in [1, num_slots={engine.num_slots}], "
                          f"got {samples}")
     start = time.perf_counter()
     shape = (len(prompts), samples)
-    correct, formatted, lengths = np.zeros(shape), np.zeros(shape), np.zeros(shape)
-    cut = np.zeros(shape, bool)
+    lengths, cut = np.zeros(shape), np.zeros(shape, bool)
     responses = [[""] * samples for _ in prompts]
     slots, state = Slots(engine), engine.init_decode_state()
     pending = list(range(len(prompts)))[::-1]
@@ -85,13 +117,20 @@ def complete(engine: Engine, params, prompts: Sequence[Sequence[int]], answers: 
             state = slots.step(params, state, version=version)
         for record in slots.pop_finished():
             i, j = divmod(record.trajectory_id, samples)
-            response = decode(record.tokens)
-            correct[i, j] = score(response, answers[i]) >= 1.0
-            formatted[i, j] = is_formatted(response, answers[i]) >= 1.0 if is_formatted else np.nan
+            responses[i][j] = decode(record.tokens)
             lengths[i, j] = len(record.tokens)
             cut[i, j] = record.finish_reason == "length"
-            responses[i][j] = response
-    return Completions(correct, formatted, lengths, cut, responses, time.perf_counter() - start)
+    flat = [r for row in responses for r in row]
+    golds = [answer for answer in answers for _ in range(samples)]
+    graded = score(flat, golds)
+    correct = np.array(graded.scores, float).reshape(shape) >= 1.0
+    errors, formatted = list(graded.errors), np.full(shape, np.nan)
+    if is_formatted is not None:
+        checked = is_formatted(flat, golds)
+        formatted = (np.array(checked.scores, float).reshape(shape) >= 1.0).astype(float)
+        errors = [e if e is not None else f for e, f in zip(errors, checked.errors)]
+    return Completions(correct, formatted, lengths, cut, responses, time.perf_counter() - start,
+                       [errors[i:i + samples] for i in range(0, len(errors), samples)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +145,8 @@ class EvalResult:
     eval_label: str = VALIDATION  # or "test", or "train-set": problems training also draws
     cut_rate: float = 0.0  # greedy responses stopped by the token cap
     grader: str = ""  # the reward that graded `accuracy`
+    # Responses (greedy and sampled) whose grading raised or timed out: each scored 0.
+    grader_errors: int = 0
 
     def __post_init__(self):
         _check_label(self.eval_label)
@@ -116,6 +157,7 @@ class EvalResult:
         out: dict[str, float | str] = {f"{prefix}_accuracy": self.accuracy,
                                        f"{prefix}_mean_length": self.mean_length,
                                        f"{prefix}_cut_rate": self.cut_rate,
+                                       f"{prefix}_grader_errors": self.grader_errors,
                                        f"{prefix}_label": self.eval_label}
         if self.format_rate is not None:
             out[f"{prefix}_format_rate"] = self.format_rate
@@ -126,8 +168,8 @@ class EvalResult:
 
 def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, params,
                     prompts: Sequence[Sequence[int]], answers: Sequence[str],
-                    decode: Callable[[list[int]], str], score: Score, *,
-                    is_formatted: Score | None = None, samples: int = 0,
+                    decode: Callable[[list[int]], str], score: Grade, *,
+                    is_formatted: Grade | None = None, samples: int = 0,
                     pass_ks: Sequence[int] = (), version: int = 0,
                     eval_label: str = VALIDATION, grader: str = "",
                     on_greedy: Callable[[Completions], None] | None = None) -> EvalResult:
@@ -141,7 +183,7 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
                       version)
     if on_greedy is not None:
         on_greedy(greedy)
-    pass_at, seconds = None, greedy.seconds
+    pass_at, seconds, errors = None, greedy.seconds, greedy.grader_errors
     if samples:
         if sampling_engine is None:
             raise ValueError("samples > 0 needs a sampling engine")
@@ -151,13 +193,14 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
         pass_at = {int(k): float(np.mean([pass_at_k(samples, c, k) for c in counts]))
                    for k in pass_ks} if len(prompts) else {int(k): 0.0 for k in pass_ks}
         seconds += sampled.seconds
+        errors += sampled.grader_errors
     n = len(prompts)
     return EvalResult(
         accuracy=float(greedy.correct.mean()) if n else 0.0,
         mean_length=float(greedy.lengths.mean()) if n else 0.0,
         format_rate=float(greedy.formatted.mean()) if n and is_formatted else None,
         num_problems=n, seconds=seconds, pass_at=pass_at, samples=samples, eval_label=eval_label,
-        cut_rate=float(greedy.cut.mean()) if n else 0.0, grader=grader)
+        cut_rate=float(greedy.cut.mean()) if n else 0.0, grader=grader, grader_errors=errors)
 
 
 class Evaluator:
@@ -212,12 +255,15 @@ class Evaluator:
             if responses_to is not None:
                 write_responses(responses_to, problems, completions, self.grader)
 
-        result = evaluate_policy(
-            greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
-            _reward_fn(self.grader),
-            is_formatted=_reward_fn(self.format_check) if self.format_check else None,
-            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
-            eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
+        with RewardPool(c.rewards.workers, c.rewards.timeout_s,
+                        plugins=tuple(c.rewards.plugins)) as pool:
+            result = evaluate_policy(
+                greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
+                functools.partial(grade_in_pool, pool, self.grader),
+                is_formatted=(functools.partial(grade_in_pool, pool, self.format_check)
+                              if self.format_check else None),
+                samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
+                eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
         self.seconds += result.seconds
         return result
 
@@ -315,6 +361,7 @@ def write_responses(path: pathlib.Path, problems, completions: Completions, grad
                 "correct": bool(completions.correct[i, 0]), "grader": grader,
                 "formatted": None if np.isnan(formatted) else bool(formatted),
                 "cut": bool(completions.cut[i, 0]), "length": int(completions.lengths[i, 0]),
+                "grader_error": completions.errors[i][0],
             }) + "\n")
     partial.replace(path)
 
@@ -322,20 +369,17 @@ def write_responses(path: pathlib.Path, problems, completions: Completions, grad
 def describe(result: EvalResult) -> str:
     passes = "".join(f", pass@{k} {v:.3f}" for k, v in (result.pass_at or {}).items())
     formatted = "" if result.format_rate is None else f", format {result.format_rate:.3f}"
+    errors = (f"; {result.grader_errors} responses could not be graded (scored 0)"
+              if result.grader_errors else "")
     return (f"{result.eval_label} accuracy {result.accuracy:.3f} on {result.num_problems} "
             f"problems{passes}{formatted}, cut at the cap {result.cut_rate:.3f} (mean length "
-            f"{result.mean_length:.1f} tokens, {result.seconds:.1f} s)")
+            f"{result.mean_length:.1f} tokens, {result.seconds:.1f} s){errors}")
 
 
 def _check_label(label: str) -> str:
     if label not in EVAL_LABELS:
         raise ValueError(f"evaluation label must be one of {EVAL_LABELS}, got {label!r}")
     return label
-
-
-def _reward_fn(name: str) -> Score:
-    reward = REWARDS.get(name)
-    return lambda response, answer: reward(response=response, answer=answer)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -8,21 +8,29 @@ and for hedging ("41 or 42"). Two formats:
   boxed  the last complete `\\boxed{...}` (MATH / DAPO / GSM8K prompts with a system prompt
          asking for one). An unclosed last box (a response cut at the token cap) is no answer.
   plain  "Answer with only the number." style (the arithmetic tasks): a box if the response
-         has one; else the clause after its last "answer is" / "answer:", else its last line
-         holding a digit. In that clause or line the last number is the answer when it stands
-         alone or right after `=`, `:`, "is" or "equals" ("23 + 45 = 68.", "The answer is
-         23 + 45 = 68", "The sum is 68, which is even."), and nothing offers an alternative.
+         opens one (its last box, closed, or no answer at all: nothing else is read then);
+         else the clause after its last "answer is" / "answer:", else its last line holding a
+         digit. In that clause or line the last number is the answer when it stands alone or
+         right after `=`, `:`, "is" or "equals" ("23 + 45 = 68.", "The answer is 23 + 45 =
+         68", "The sum is 68, which is even."), and nothing offers an alternative. What follows
+         the answer must not take it back: a retraction word (RETRACTIONS: "wait", "no",
+         "actually", "instead", ...) or any number of another value after it, and the response
+         states no answer ("The answer is 50. No wait, it's 51." and "The answer is 50. It's
+         51." both state none; "The answer is 47. Wait, the answer is 48." states 48: the last
+         anchor).
 
-What the format yields must then be a value: one number (units, `$`, `%` and thousands
-separators allowed) for the numeric graders; for `math_verify` any single mathematical value
-but not an unevaluated arithmetic expression of literals (`84 - 12`, `6 \\times 7`) nor
-alternatives (`41 \\text{ or } 42`, `41 \\lor 42`).
+What the format yields must then be a value, decided by parsing it (asyncrl/rewards/literal.py,
+never a pattern over the text): for a number, a literal (`50`, `-3`, `0.5`, `\\frac{1}{2}`,
+`\\$1,000`, `72 \\text{ apples}`), never an operation over literals (`84 - 12`,
+`6 \\times 7`, `\\sqrt{2500}`), a list or alternatives.
 """
 
 from __future__ import annotations
 
 import fractions
 import re
+
+from asyncrl.rewards.literal import ALTERNATIVES, ARITHMETIC, literal_value, normalize, read_answer
 
 # A final answer longer than this is not one a grader reads (a MATH answer is a few dozen
 # characters; a matrix a few hundred): it scores 0 without parsing, so pathological LaTeX
@@ -39,26 +47,11 @@ _CLAUSE_END = re.compile(r"\n|[.!?;](?=\s|$)")
 _STATES = re.compile(r"(?:^|=|:|\bis|\bequals)$", re.IGNORECASE)
 _HEDGE = re.compile(r"\bor\b|\\lor\b|\\vee\b|\beither\b", re.IGNORECASE)
 _MARKUP = re.compile(r"\*\*|__|\$|\\\(|\\\)|\\\[|\\\]")
-# LaTeX that dresses a number without changing it: \text{ apples}, \$, thin spaces, {,}.
-_LATEX_DRESS = [
-    (re.compile(r"\\(?:text|mathrm|textbf|mbox)\s*\{([^{}]*)\}"), r" \1 "),
-    (re.compile(r"\{,\}"), ","),
-    (re.compile(r"\\[,;:! ]|~"), " "),
-    (re.compile(r"\\\$|\$"), ""),
-    (re.compile(r"\\%"), "%"),
-    (re.compile(r"\^\s*\{?\\circ\}?|°"), " degrees"),
-    (re.compile(r"\\(?:left|right)\b"), ""),
-]
-# One number, then optional units ("72 apples", "18 dollars.", "72%"): nothing else.
-_VALUE = re.compile(rf"(?P<number>{NUMBER.pattern})\s*%?(?P<units>(?:\s+[A-Za-z][A-Za-z.]*)*)"
-                    rf"\s*[.!]?")
-_NOT_UNITS = {"or", "and", "to", "plus", "minus", "times", "over", "either", "maybe"}
-# An operation between two numeric literals: 29 + 55, 6 \times 7, 84-12. Not a fraction (1/2
-# is a value), and not when the literal continues as a coefficient or power (3+2\sqrt{2},
-# 2+3i, 3 \times 10^5), which is how such values are written.
-_OPERATOR = r"(?:[-+*×÷·]|\\times|\\cdot|\\div)"
-_ARITHMETIC = re.compile(rf"(?<![\w.^_{{\\])\d+(?:\.\d+)?\s*{_OPERATOR}\s*\d+(?:\.\d+)?"
-                         rf"(?![\w.^{{(\\])")
+# Words that take back what was just stated; see the module's docstring.
+RETRACTIONS = re.compile(r"\b(?:wait|no|nope|actually|instead|correction|oops|sorry|mistake|"
+                         r"wrong|rather|hmm+|re-?check\w*|re-?calculat\w*|reconsider\w*)\b",
+                         re.IGNORECASE)
+_DIGIT_LINE = re.compile(r"[^\n]*\d[^\n]*")
 
 
 def last_boxed(text: str) -> str | None:
@@ -69,6 +62,12 @@ def last_boxed(text: str) -> str | None:
     the length limit) the result is None: the model never gave a final answer, and falling back
     to an earlier box would reward an answer the model itself went on to abandon.
     """
+    box = _last_box(text)
+    return None if box is None else box[0]
+
+
+def _last_box(text: str) -> tuple[str, int] | None:
+    """`last_boxed`'s content and where the box ends in `text`."""
     start = max(text.rfind(command) for command in _BOX_COMMANDS)
     if start < 0:
         return None
@@ -78,7 +77,8 @@ def last_boxed(text: str) -> str | None:
     while i < len(text) and text[i] == " ":
         i += 1
     if i < len(text) and text[i] != "{" and i > after:  # "\boxed 5": the argument is a token
-        return text[i:].split(maxsplit=1)[0].rstrip("$.") or None
+        token = text[i:].split(maxsplit=1)[0]
+        return (token.rstrip("$."), i + len(token)) if token.rstrip("$.") else None
     if i >= len(text) or text[i] != "{":
         return None  # "\boxedthing" is not a box; "\boxed" at the very end has no answer
     depth = 0
@@ -89,59 +89,91 @@ def last_boxed(text: str) -> str | None:
             depth -= 1
             if depth == 0:
                 content = text[i + 1:j].strip()
-                return content or None
+                return (content, j + 1) if content else None
     return None  # unclosed
 
 
 def stated_answer(response: str) -> str | None:
     """The text of the final answer of a plain-style response (see the module's docstring),
     or None when it states none."""
-    response = response.replace("−", "-")  # a Unicode minus sign
-    boxed = last_boxed(response)
-    if boxed is not None:
-        return boxed
+    response = normalize(response)  # a Unicode minus, full-width digits
+    if any(command in response for command in _BOX_COMMANDS):
+        found = _last_box(response)  # an unclosed last box: no answer, and nothing else read
+    else:
+        found = _anchored_or_last_line(response)
+    if found is None:
+        return None
+    answer, end = found
+    value = as_number(answer)
+    if value is not None and _taken_back(response[end:], value):
+        return None
+    return answer
+
+
+def _anchored_or_last_line(response: str) -> tuple[str, int] | None:
     anchors = list(_ANCHOR.finditer(response))
     if anchors:
-        return _stated_in(_CLAUSE_END.split(response[anchors[-1].end():], maxsplit=1)[0])
-    lines = [line for line in response.splitlines() if any(ch.isdigit() for ch in line)]
-    return _stated_in(lines[-1]) if lines else None
+        start = anchors[-1].end()
+        clause = _CLAUSE_END.split(response[start:], maxsplit=1)[0]
+    else:
+        lines = list(_DIGIT_LINE.finditer(response))
+        if not lines:
+            return None
+        start, clause = lines[-1].start(), lines[-1].group()
+    found = _stated_in(clause)
+    return None if found is None else (found[0], start + found[1])
 
 
-def _stated_in(text: str) -> str | None:
-    """The last number of `text` if it stands alone or right after what states a result
-    ("= 68", "is 68", ": 68"), and `text` offers no alternatives."""
+def _stated_in(text: str) -> tuple[str, int] | None:
+    """The last number of `text` and where it ends, if it stands alone or right after what
+    states a result ("= 68", "is 68", ": 68"), and `text` offers no alternatives."""
     numbers = list(NUMBER.finditer(text))
     if not numbers or _HEDGE.search(text):
         return None
     last = numbers[-1]
     before = _MARKUP.sub("", text[:last.start()]).rstrip()
-    return last.group() if _STATES.search(before) else None
+    return (last.group(), last.end()) if _STATES.search(before) else None
+
+
+def _taken_back(after: str, value: fractions.Fraction) -> bool:
+    """Whether the text after a stated answer retracts it: a retraction word, or a number of
+    another value."""
+    return RETRACTIONS.search(after) is not None or any(
+        fractions.Fraction(number.group().replace(",", "")) != value
+        for number in NUMBER.finditer(after))
 
 
 def as_number(text: str | None) -> fractions.Fraction | None:
-    """`text` as one exact number, units and dress allowed ("\\$1,234.00", "72 apples",
-    "18 \\text{ dollars}"), or None when it is anything else: an expression, several numbers,
-    a hedge, words around the number."""
+    """`text` as one exact number written out (a LITERAL of asyncrl/rewards/literal.py: units
+    and dress allowed, "\\$1,234.00", "72 apples", "18 \\text{ dollars}", "\\frac{1}{2}"), or
+    None when it is anything else: an operation over numbers, several numbers, a hedge, words
+    around the number, over MAX_ANSWER_CHARS long."""
     if text is None or len(text) > MAX_ANSWER_CHARS:
         return None
-    text = text.replace("−", "-")
-    for pattern, replacement in _LATEX_DRESS:
-        text = pattern.sub(replacement, text)
-    text = _MARKUP.sub("", text)
-    match = _VALUE.fullmatch(text.strip())
-    if match is None or _NOT_UNITS & set(match["units"].lower().replace(".", " ").split()):
-        return None
-    return fractions.Fraction(match["number"].replace(",", ""))
+    return literal_value(text)
 
 
 def not_a_value(answer_text: str, gold: str) -> str | None:
-    """Why a boxed answer is not a single value that could be graded against `gold`, or None.
-
-    A form the gold itself uses is allowed: a gold of "1 or 2" may be answered so."""
+    """Why a boxed answer is not a single value that could be graded against a gold that is
+    not a number (`\\frac{\\sqrt{3}}{2}`, an interval), or None: too long, alternatives
+    (`\\sqrt{2} \\text{ or } 2`), or an operation over numbers whose value is a number
+    (`84 - 12`, `\\sqrt{2500}`: it cannot equal such a gold, and a power tower would only
+    spend the verifier's time). A form the gold itself takes is allowed: a gold of "1 or 2" may
+    be answered so."""
     if len(answer_text) > MAX_ANSWER_CHARS:
         return f"longer than {MAX_ANSWER_CHARS} characters"
-    if _HEDGE.search(answer_text) and not _HEDGE.search(gold):
+    kind, gold_kind = read_answer(answer_text).kind, read_answer(gold).kind
+    if kind == ALTERNATIVES and gold_kind != ALTERNATIVES:
         return "alternatives, not one answer"
-    if _ARITHMETIC.search(answer_text) and not _ARITHMETIC.search(gold):
+    if kind == ARITHMETIC and gold_kind != ARITHMETIC:
         return "an unevaluated arithmetic expression"
     return None
+
+
+def could_be_paid(boxed: str | None) -> bool:
+    """Whether a box's content is an answer some gold could pay (the `format` check, which
+    knows no gold): not over MAX_ANSWER_CHARS, not an operation over numbers whose value is a
+    number, not alternatives. Lists count: MATH asks for several solutions "separated by
+    commas"."""
+    return (boxed is not None and len(boxed) <= MAX_ANSWER_CHARS
+            and read_answer(boxed).kind not in (ARITHMETIC, ALTERNATIVES))

@@ -1,4 +1,4 @@
-"""Verifiable math rewards: `math_verify`, `gsm8k`, `format`, and DAPO's overlong penalty.
+"""Verifiable math rewards: `math_verify`, `gsm8k`, the format checks, and DAPO's overlong penalty.
 
 The model is asked for its final answer in `\\boxed{}`; every reward here reads the *last*
 complete `\\boxed{...}` of the response and scores 0.0 when there is none (the `format`
@@ -9,13 +9,22 @@ the rest of the text: math-verify's own extraction evaluates any expression it f
 response restating "29 + 55 - 36" would be paid for the gold 48. `math_verify_lenient` keeps
 that extraction for unboxed responses, by name only, and is graded strictly in evaluation.
 
-Failure semantics, shared with the worker pool (asyncrl/rewards/pool.py):
+Where the gold is a number, the box is parsed, never evaluated (asyncrl/rewards/literal.py):
+only a literal equal to the gold pays (`\\frac{1}{2}` for 0.5, `1,000` for 1000), never an
+operation over literals (`34+21-5`, `100/2`, `2^{5}`, `\\sqrt{2500}`), and math-verify is not
+called at all. Where the gold is an expression (`\\frac{\\sqrt{3}}{2}`, an interval, a set),
+math-verify decides equivalence.
+
+Failure semantics, shared with the worker pool (asyncrl/rewards/pool.py) and evaluation:
   * a wrong or unparsable *response* scores 0.0 (the model's fault: a real training signal);
   * an unusable *reference* answer raises ValueError (the data's fault: every response would
     silently score 0.0, so it fails the call loudly instead);
   * a verifier that runs past its time raises (TimeoutError here, or the pool kills the
-    worker): a failed call, never a silent 0.0. math-verify's own default turns a timeout into
-    "not equal", which is exactly the silent 0.0 we refuse.
+    worker), never a silent 0.0: math-verify's own default turns a timeout into "not equal".
+    The caller tells the two faults apart: a reward that raises on a response but not on an
+    empty one failed because of the response, which then scores 0.0 and is counted
+    (RewardOutcome.response_error); one that raises on the empty response too is broken or
+    has a broken reference, a failed call.
 
 math-verify is imported lazily, so `import asyncrl.rewards` (which the config imports to
 validate names) stays cheap and gsm8k / format work without it installed.
@@ -26,7 +35,8 @@ from __future__ import annotations
 import fractions
 import threading
 
-from asyncrl.rewards.answers import NUMBER, as_number, last_boxed, not_a_value
+from asyncrl.rewards.answers import NUMBER, as_number, could_be_paid, last_boxed, not_a_value
+from asyncrl.rewards.literal import number_value
 from asyncrl.rewards.registry import BOXED_REWARDS, FORMAT_CHECKS, REWARDS, STRICT_GRADERS
 
 # math-verify's own per-expression limit, enforced with SIGALRM (whole seconds). The pool's
@@ -86,7 +96,11 @@ def _gold(answer: str) -> list:
     return gold
 
 
-def _verify_boxed(boxed: str, answer: str, gold: list) -> float:
+def _verify_boxed(boxed: str, answer: str) -> float:
+    value = number_value(answer)
+    if value is not None:  # a number: only a literal equal to it pays
+        return 1.0 if as_number(boxed) == value else 0.0
+    gold = _gold(answer)
     if not_a_value(boxed, answer) is not None:
         return 0.0
     predicted = _parse(f"\\boxed{{{boxed}}}", "response")
@@ -95,20 +109,27 @@ def _verify_boxed(boxed: str, answer: str, gold: list) -> float:
 
 @REWARDS.register("math_verify")
 def math_verify(response: str, answer: str) -> float:
-    """1.0 when the response's last complete `\\boxed{}` holds a value equal to `answer`
-    mathematically, else 0.0 (no box: 0.0).
+    """1.0 when the response's last complete `\\boxed{}` holds a value equal to `answer`,
+    else 0.0 (no box: 0.0).
 
-    Equivalence is math-verify's: LaTeX or plain (`\\frac{1}{2}` = `0.5` = `1/2`), intervals
-    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`), units in `\\text{}`. The
-    box must hold one value: not an unevaluated arithmetic expression of literals
-    (`84 - 12`), not alternatives (`41 \\text{ or } 42`), not over MAX_ANSWER_CHARS long.
+    A numeric `answer` (`48`, `0.5`, `\\frac{1}{2}`, `1,000`; also `2^{10}`, the number 1024)
+    is paid only by a literal of that value, however dressed (`48.0`, `\\$48`, `48 \\text{
+    apples}`, `(48)`, `x = 48`), never by an operation over literals (`6 \\times 8`, `96/2`,
+    `\\frac{2}{4}` for 0.5) nor by a list or alternatives: see asyncrl/rewards/literal.py.
+    Any other `answer` is graded by math-verify's equivalence: LaTeX or plain, intervals
+    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`), surds
+    (`\\frac{1}{\\sqrt{2}}` = `\\frac{\\sqrt{2}}{2}`); the box must hold one value there too (see
+    `not_a_value`) and be at most MAX_ANSWER_CHARS long.
 
     Raises ValueError when `answer` itself cannot be parsed, TimeoutError when math-verify
     runs past VERIFY_TIMEOUT_S.
     """
-    gold = _gold(answer)
     boxed = last_boxed(response)
-    return 0.0 if boxed is None else _verify_boxed(boxed, answer, gold)
+    if boxed is None:
+        if number_value(answer) is None:
+            _gold(answer)  # a broken reference fails every call, boxed or not
+        return 0.0
+    return _verify_boxed(boxed, answer)
 
 
 @REWARDS.register("math_verify_lenient")
@@ -121,10 +142,10 @@ def math_verify_lenient(response: str, answer: str) -> float:
     in training; evaluation grades its runs with `math_verify`, and the run flags a reward
     that rises while the boxed-answer rate falls.
     """
-    gold = _gold(answer)
     boxed = last_boxed(response)
     if boxed is not None:
-        return _verify_boxed(boxed, answer, gold)
+        return _verify_boxed(boxed, answer)
+    gold = _gold(answer)
     predicted = _parse(response, "response")
     return 1.0 if predicted and _equal(gold, predicted) else 0.0
 
@@ -164,15 +185,28 @@ def gsm8k(response: str, answer: str) -> float:
 
 @REWARDS.register("format")
 def format_reward(response: str, answer: str | None = None) -> float:
-    """1.0 when the response puts a final answer where the prompt asked: a closed, non-empty
-    `\\boxed{...}`. `answer` is accepted and ignored, so every reward takes the same arguments.
+    """1.0 when the response puts an answer `math_verify` could pay where the prompt asked:
+    a closed `\\boxed{...}` holding neither an operation over numbers whose value is a number
+    (`34+21-5`, `\\sqrt{2500}`) nor alternatives (`47 \\text{ or } 48`). `answer` is accepted
+    and ignored (every reward takes the same arguments; training checks the format without
+    it), so a list (`1, 2`) counts: MATH asks for several solutions that way.
     """
     del answer
-    return 1.0 if last_boxed(response) is not None else 0.0
+    return 1.0 if could_be_paid(last_boxed(response)) else 0.0
 
 
-BOXED_REWARDS.update({"math_verify", "math_verify_lenient", "gsm8k", "format"})
-FORMAT_CHECKS.update({"math_verify": "format", "math_verify_lenient": "format", "gsm8k": "format"})
+@REWARDS.register("boxed_number_format")
+def boxed_number_format(response: str, answer: str | None = None) -> float:
+    """1.0 when the response's last closed `\\boxed{...}` holds one number written out (what
+    `gsm8k` pays, when it is the right one): not an expression, a list or a hedge."""
+    del answer
+    return 1.0 if as_number(last_boxed(response)) is not None else 0.0
+
+
+BOXED_REWARDS.update({"math_verify", "math_verify_lenient", "gsm8k", "format",
+                      "boxed_number_format"})
+FORMAT_CHECKS.update({"math_verify": "format", "math_verify_lenient": "format",
+                      "gsm8k": "boxed_number_format"})
 STRICT_GRADERS["math_verify_lenient"] = "math_verify"
 
 

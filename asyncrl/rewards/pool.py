@@ -1,12 +1,19 @@
 """Reward worker pool: every reward call runs in a worker process under a timeout.
 
-A reward function that raises, crashes its process or hangs marks that one trajectory failed
-(the coordinator re-dispatches its prompt); it never stalls the run. Hung or dead workers are
-killed and replaced. Workers are separate processes (spawned, so they never inherit the
-parent's JAX threads) because a hung thread cannot be stopped.
+A reward function that raises, crashes its process or hangs never stalls the run; hung or
+dead workers are killed and replaced. Workers are separate processes (spawned, so they never
+inherit the parent's JAX threads) because a hung thread cannot be stopped.
+
+What a failure means (asyncrl/rewards/math.py, "Failure semantics"): a reward that raises on
+a response is called again on an empty response with the same other arguments. If that
+succeeds, the response caused the failure (math-verify past its time limit on a power tower,
+a user's grader choking on odd text): it scores 0.0, like any other unusable answer, and the
+outcome says why (`response_error`, counted in `response_errors`). If it raises again, the
+reference or the reward is broken: a failed call (`raised`), as are a timeout and a dead
+worker, which the caller re-dispatches (training) or reports (evaluation).
 
 Non-blocking: `submit` queues a call, `poll` returns the outcomes that are in; a thread of
-the pool feeds idle workers and enforces deadlines in between.
+the pool feeds idle workers and enforces deadlines in between. `map` is the blocking form.
 """
 
 from __future__ import annotations
@@ -27,6 +34,9 @@ class RewardOutcome:
     reward: float | None  # None when the call failed
     error: str | None = None  # "timeout after 5.0 s", "ValueError: …", "worker died (exit -9)"
     seconds: float = 0.0
+    # The reward raised on this response alone (so `reward` is 0.0): why, in one line.
+    response_error: str | None = None
+    raised: bool = False  # the failure is the reward's own exception (not a timeout or death)
 
     @property
     def ok(self) -> bool:
@@ -47,11 +57,25 @@ def _worker_main(connection: multiprocessing.connection.Connection, plugins: tup
         if message is None:
             return
         name, kwargs = message
+        reward = None
         try:
-            connection.send((True, float(REWARDS.get(name)(**kwargs))))
+            reward = REWARDS.get(name)
+            connection.send((True, float(reward(**kwargs)), None))
         except Exception as e:  # the reward's own failure, reported back as data
-            last = traceback.format_exception_only(type(e), e)[-1].strip()
-            connection.send((False, last))
+            why = traceback.format_exception_only(type(e), e)[-1].strip()
+            at_fault = reward is not None and _response_at_fault(reward, kwargs)
+            connection.send((True, 0.0, why) if at_fault else (False, why, None))
+
+
+def _response_at_fault(reward, kwargs: dict[str, Any]) -> bool:
+    """Whether the reward, which raised on `kwargs`, succeeds on an empty response."""
+    if not kwargs.get("response"):
+        return False
+    try:
+        reward(**{**kwargs, "response": ""})
+    except Exception:
+        return False
+    return True
 
 
 class _Worker:
@@ -87,7 +111,8 @@ class RewardPool:
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
-        self.failures = 0
+        self.failures = 0  # failed calls: timeouts, dead workers, rewards that raised
+        self.response_errors = 0  # responses a reward raised on, scored 0.0
         self._thread = threading.Thread(target=self._serve, name="reward-pool", daemon=True)
         self._thread.start()
 
@@ -103,6 +128,18 @@ class RewardPool:
         with self._lock:
             done, self._done = self._done, []
             return done
+
+    def map(self, reward_name: str, calls: list[dict[str, Any]]) -> list[RewardOutcome]:
+        """Every `REWARDS[reward_name](**kwargs)` of `calls`, in order, blocking until all are
+        in (each ends within the timeout). For a pool nothing else submits to."""
+        for i, kwargs in enumerate(calls):
+            self.submit(i, reward_name, **kwargs)
+        outcomes: dict[Hashable, RewardOutcome] = {}
+        while len(outcomes) < len(calls):
+            outcomes.update(self.poll())
+            if len(outcomes) < len(calls):
+                time.sleep(0.002)
+        return [outcomes[i] for i in range(len(calls))]
 
     def pending(self) -> int:
         with self._lock:
@@ -148,12 +185,12 @@ class RewardPool:
                 key, started = worker.job
                 if worker.connection in ready:
                     try:
-                        ok, value = worker.connection.recv()
+                        ok, value, response_error = worker.connection.recv()
                     except (EOFError, OSError):
                         self._replace(i, key, f"worker died (exit {worker.process.exitcode})", now - started)
                         continue
-                    outcome = RewardOutcome(value, None, now - started) if ok else \
-                        RewardOutcome(None, value, now - started)
+                    outcome = RewardOutcome(value, None, now - started, response_error) if ok \
+                        else RewardOutcome(None, value, now - started, raised=True)
                     self._finish(key, outcome)
                     worker.job = None
                 elif worker.process.sentinel in ready:
@@ -163,8 +200,8 @@ class RewardPool:
 
     def _finish(self, key: Hashable, outcome: RewardOutcome) -> None:
         with self._lock:
-            if not outcome.ok:
-                self.failures += 1
+            self.failures += not outcome.ok
+            self.response_errors += outcome.response_error is not None
             self._done.append((key, outcome))
 
     def _replace(self, index: int, key: Hashable, error: str, seconds: float) -> None:

@@ -48,9 +48,10 @@ def exact_answer(response: str, answer: str) -> float:
     """1.0 when the response states a final answer (a box, "the answer is N", or a last line
     that is N or ends "= N" / "is N") and it equals the reference number exactly, else 0.0.
 
-    Hedges ("41 or 42"), lists, unevaluated expressions ("84 - 12") and a restated question
-    state no answer. Thousands separators, "$", units and "72.0" for 72 are fine.
-    Raises ValueError when `answer` is not one number.
+    Hedges ("41 or 42"), lists, unevaluated expressions ("84 - 12", `\\boxed{2^{5}}`), a
+    restated question, an answer taken back ("The answer is 50. No wait, it's 51.") and an
+    unclosed last box state no answer (asyncrl/rewards/answers.py). Thousands separators,
+    "$", units and "72.0" for 72 are fine. Raises ValueError when `answer` is not one number.
     """
     reference = _number(answer)
     return 1.0 if as_number(stated_answer(response)) == reference else 0.0
@@ -58,8 +59,9 @@ def exact_answer(response: str, answer: str) -> float:
 
 @REWARDS.register("integer_format")
 def integer_format(response: str, answer: str | None = None) -> float:
-    """1.0 when the response states a final number where `exact_answer` reads one (the
-    arithmetic tasks' format check; `answer` is accepted and ignored)."""
+    """1.0 when the response states a final number where `exact_answer` reads one, as
+    `exact_answer` reads it (so a hedge, an expression or a retraction is unformatted): the
+    arithmetic tasks' format check; `answer` is accepted and ignored."""
     del answer
     return 1.0 if as_number(stated_answer(response)) is not None else 0.0
 

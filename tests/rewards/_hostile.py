@@ -20,3 +20,17 @@ def always_raise(message: str) -> float:
 @REWARDS.register("test_exit")
 def kill_own_process() -> float:
     os._exit(3)
+
+
+@REWARDS.register("test_chokes_on_tower")
+def chokes_on_tower(response: str, answer: str) -> float:
+    """A grader a response can break (as math-verify breaks on a power tower)."""
+    if "^{9^{9" in response:
+        raise TimeoutError("verifying took too long")
+    return float(response == answer)
+
+
+@REWARDS.register("test_reference_unreadable")
+def reference_unreadable(response: str, answer: str) -> float:
+    """A grader that fails on its reference, whatever the response."""
+    raise ValueError(f"the reference answer {answer!r} could not be parsed")

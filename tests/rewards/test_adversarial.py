@@ -9,12 +9,13 @@ prompts asking for \\boxed{}.
 """
 
 import importlib.util
+import time
 
 import pytest
 
 from asyncrl.rewards import REWARDS
 from asyncrl.rewards.answers import MAX_ANSWER_CHARS
-from asyncrl.rewards.registry import STRICT_GRADERS, strict_grader
+from asyncrl.rewards.registry import STRICT_GRADERS, format_check, strict_grader
 
 needs_math_verify = pytest.mark.skipif(importlib.util.find_spec("math_verify") is None,
                                        reason="math-verify is not installed")
@@ -110,12 +111,13 @@ BOXED = [
     (r"\boxed{\frac{1}{2}}", "0.5", 1.0),
     (r"\boxed{0.5}", r"\frac{1}{2}", 1.0),
     (r"\boxed{1/2}", r"\frac{1}{2}", 1.0),
-    (r"\boxed{\dfrac{2}{4}}", r"\frac12", 1.0),
+    (r"\boxed{\dfrac{2}{4}}", r"\frac12", 0.0),  # not reduced: an operation, 2 divided by 4
     (r"\boxed{3+2\sqrt{2}}", r"3+2\sqrt{2}", 1.0),
     (r"\boxed{2\sqrt{2}+3}", r"3+2\sqrt{2}", 1.0),
     (r"\boxed{2+3i}", "2+3i", 1.0),
-    (r"\boxed{3 \times 10^{5}}", "300000", 1.0),
-    (r"\boxed{1 - 2}", "1 - 2", 1.0),  # a form the gold itself uses is an answer
+    (r"\boxed{3 \times 10^{5}}", "300000", 0.0),  # an operation over literals, for a number
+    (r"\boxed{-1}", "1 - 2", 1.0),  # a gold written as an operation is the number it makes
+    (r"\boxed{1 - 2}", "1 - 2", 0.0),  # ... which only its literal pays
     (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),
 ]
 
@@ -208,10 +210,182 @@ def test_very_long_and_deeply_nested_latex_is_no_answer(name):
 
 
 @needs_math_verify
-def test_nesting_under_the_length_cap_is_scored_or_times_out_never_paid():
+def test_nesting_under_the_length_cap_is_refused_at_once_for_a_numeric_gold():
+    # An operation over literals (or nesting past the parser's depth): math-verify, which
+    # used to spend its time limit here, is never asked.
     depth = (MAX_ANSWER_CHARS - 10) // 10
     nested = r"\boxed{" + r"\frac{1}{" * depth + "48" + "}" * depth + "}"
-    try:
-        assert REWARDS.get("math_verify")(response=nested, answer="48") == 0.0
-    except TimeoutError:
-        pass  # a failed call in the pool: never a reward
+    start = time.monotonic()
+    assert REWARDS.get("math_verify")(response=nested, answer="48") == 0.0
+    assert time.monotonic() - start < 1.0
+
+
+# ---------------------------------------------------------------- values, not restatements
+# Issue 43. Where the gold is a number the final answer is parsed, never evaluated
+# (asyncrl/rewards/literal.py): only a literal equal to the gold pays. The problem behind most
+# cases: "What is 34 + 21 - 5?" (gold 50). Each grader reads the box: math_verify and gsm8k
+# because the prompt asked for one, exact_answer because a response that opens a box states
+# its answer there.
+
+NUMERIC_GRADERS = ["math_verify", "gsm8k", "exact_answer"]
+
+# (box content, gold): an operation over literals equal to the gold, in one dress or another.
+RESTATEMENTS = [
+    ("34+21-5", "50"), ("(34)+(21)-(5)", "50"), (r"34\,+\,21\,-\,5", "50"), ("55 − 5", "50"),
+    ("55 – 5", "50"), ("{34}+{21}-{5}", "50"),
+    (r"\left(34\right)+\left(21\right)-\left(5\right)", "50"),
+    (r"34 \; + \; 21 \quad - ~5", "50"), ("５５－５", "50"), (r"\text{34+21-5}", "50"),
+    (r"\mathbf{34}+21-5", "50"), (r"\$34+\$21-\$5", "50"), ("50+0", "50"), ("--50", "50"),
+    ("-(-50)", "50"), ("100/2", "50"), (r"\frac{100}{2}", "50"), (r"\frac{50}{1}", "50"),
+    ("2/4", "0.5"), (r"\dfrac{2}{4}", "0.5"), ("2^{5}", "32"), ("2^5", "32"), ("7²+1", "50"),
+    (r"\sqrt{2500}", "50"), (r"\sqrt[3]{125000}", "50"), ("2500^{1/2}", "50"),
+    (r"5 \times 10", "50"), (r"5 \cdot 10", "50"), ("5 × 10", "50"), ("5*10", "50"),
+    (r"100 \div 2", "50"), ("2(25)", "50"), ("(5)(10)", "50"), ("10!", "3628800"),
+    (r"3 \times 10^{5}", "300000"), ("1,000+0", "1000"),
+]
+# (box content, gold, whether `format` counts it): two answers, or one with an alternative.
+# gsm8k's and exact_answer's format checks know the answer is one number; `format` (MATH,
+# whose answers may be several "separated by commas", and which knows no gold) refuses only
+# alternatives and restatements.
+HEDGES = [
+    (r"49 \text{, } 50", "50", True), ("49, 50", "50", True), ("50, 49", "50", True),
+    ("49; 50", "50", True), ("49 50", "50", True), (r"49 \text{ and } 50", "50", True),
+    (r"\pm 50", "50", True), (r"49 \text{ or } 50", "50", False), (r"50 \lor 49", "50", False),
+    (r"49 \vee 50", "50", False), (r"50 \text{ or maybe } 49", "50", False),
+]
+# (box content, gold): honest answers in their many dresses, all paid.
+VALUES = [
+    ("50", "50"), ("50.0", "50"), ("50.", "50"), ("-3", "-3"), ("−5", "-5"), ("－5", "-5"),
+    ("５０", "50"), (r"\frac{1}{2}", "0.5"), (r"\dfrac{1}{2}", "0.5"), (r"\frac12", "0.5"),
+    ("1/2", "0.5"), ("0.5", r"\frac{1}{2}"), (".5", "0.5"), (r"-\frac{3}{4}", "-0.75"),
+    (r"2\frac{1}{4}", "2.25"), ("1,000", "1000"), (r"1{,}000", "1000"), (r"10,\!000", "10000"),
+    (r"1\,000", "1000"), (r"\$1,000", "1000"), (r"\$1,000.00", "1000"),
+    (r"50 \text{ apples}", "50"), ("50 apples", "50"), (r"50\%", "50"), (r"50^\circ", "50"),
+    (r"50 \text{ cm}^2", "50"), ("(50)", "50"), (r"\left( 50 \right)", "50"), ("{50}", "50"),
+    (r"\mathbf{50}", "50"), ("x = 50", "50"), ("+50", "50"),
+]
+
+
+def grade(name, content, gold):
+    """`name`'s score for a response boxing `content`, and its format check's."""
+    response = rf"Adding up, the answer is $\boxed{{{content}}}$."
+    answer = f"#### {gold}" if name == "gsm8k" else gold
+    return (REWARDS.get(name)(response=response, answer=answer),
+            REWARDS.get(format_check(name))(response=response))
+
+
+def for_each_grader(cases):
+    """(grader, *case) for every case; gsm8k only where its reference can hold the gold."""
+    from asyncrl.rewards.answers import NUMBER
+
+    return [(name, *case) for name in NUMERIC_GRADERS for case in cases
+            if name != "gsm8k" or NUMBER.fullmatch(case[1])]
+
+
+@needs_math_verify
+@pytest.mark.parametrize("name, content, gold", for_each_grader(RESTATEMENTS))
+def test_a_restatement_of_the_number_pays_nothing_however_dressed(name, content, gold):
+    from asyncrl.rewards.literal import number_value
+
+    assert number_value(content) == number_value(gold)  # it does make the gold
+    # Not paid, and not an answer either: the reward-hacking watch sees what was refused.
+    assert grade(name, content, gold) == (0.0, 0.0)
+    paid, formatted = grade(name, gold, gold)  # while the gold written out is paid
+    assert paid == formatted == 1.0
+
+
+@needs_math_verify
+@pytest.mark.parametrize("name, content, gold, listed", for_each_grader(HEDGES))
+def test_two_answers_or_an_alternative_pay_nothing(name, content, gold, listed):
+    assert grade(name, content, gold) == (0.0, float(listed and name == "math_verify"))
+
+
+@needs_math_verify
+@pytest.mark.parametrize("name, content, gold", for_each_grader(VALUES))
+def test_a_number_written_out_pays_in_any_dress(name, content, gold):
+    assert grade(name, content, gold) == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("response, score", [
+    # Taken back: a retraction word, or another value, after the stated answer.
+    ("The answer is 50. No wait, it's 51.", 0.0),
+    ("The answer is 50. It's 51.", 0.0),
+    ("The answer is 50. Actually, 51.", 0.0),
+    ("The answer is 50, or rather 51.", 0.0),
+    ("50\n\nWait, let me recheck that.", 0.0),
+    ("50\nHmm, that is wrong.", 0.0),
+    (r"\boxed{50} No, 51.", 0.0),
+    (r"\boxed{50} Correction: 49.", 0.0),
+    # An unclosed last box is no answer, and nothing else is read instead.
+    (r"\boxed{50} hmm \boxed{5", 0.0),
+    (r"The answer is 50. \boxed{5", 0.0),
+    ("The answer is 50.\n\\boxed{", 0.0),
+    # A correction that ends on the answer, and what only repeats it, still pay.
+    ("The answer is 51. Wait, the answer is 50.", 1.0),
+    ("The answer is 50. So 50 it is!", 1.0),
+    ("The answer is 50.\n\nI hope this helps!", 1.0),
+    (r"I wrote \boxed{51}, no: \boxed{50}", 1.0),
+])
+def test_exact_answer_pays_no_retraction_and_no_unclosed_box(response, score):
+    assert REWARDS.get("exact_answer")(response=response, answer="50") == score
+    assert REWARDS.get("integer_format")(response=response) == score  # the format check agrees
+
+
+@needs_math_verify
+@pytest.mark.parametrize("response, gold, score", [
+    (r"\boxed{\frac{\sqrt{3}}{2}}", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\frac{\sqrt3}{2}}", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\frac{1}{2}\sqrt{3}}", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\sqrt{3}/2}", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\frac{1}{2}}", r"\frac{\sqrt{3}}{2}", 0.0),
+    (r"\boxed{(-\infty, 2]}", r"(-\infty, 2]", 1.0),
+    (r"\boxed{(-\infty,2]}", r"(-\infty, 2]", 1.0),
+    (r"\boxed{(-\infty, 2)}", r"(-\infty, 2]", 0.0),
+    (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),
+    (r"\boxed{2, 1}", "1, 2", 1.0),  # "Enter all the solutions, separated by commas."
+    (r"\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+    # An operation whose value is a number cannot equal an irrational gold, and alternatives
+    # are no answer: both refused before math-verify sees them.
+    (r"\boxed{\sqrt{3} \text{ or } \frac{1}{2}}", r"\frac{\sqrt{3}}{2}", 0.0),
+    (r"\boxed{2^{5}}", r"\frac{\sqrt{3}}{2}", 0.0),
+])
+def test_an_expression_gold_is_graded_by_equivalence(response, gold, score):
+    assert REWARDS.get("math_verify")(response=response, answer=gold) == score
+    if score == 1.0:
+        assert REWARDS.get("format")(response=response) == 1.0
+
+
+TOWER = r"\boxed{9^{9^{9^{9}}}}"
+
+
+@pytest.mark.parametrize("name, gold", [
+    ("math_verify", "50"), ("math_verify", r"\frac{\sqrt{3}}{2}"), ("gsm8k", "#### 50"),
+    ("exact_answer", "50")])
+def test_a_power_tower_is_refused_at_once_without_the_verifier(name, gold, monkeypatch):
+    # math-verify spends its whole time limit on it (and raises); the parse refuses it first.
+    import asyncrl.rewards.math as math_rewards
+
+    def no_verifier(*args, **kwargs):
+        raise AssertionError("math-verify was called")
+
+    monkeypatch.setattr(math_rewards, "_equal", no_verifier)
+    real_parse = math_rewards._parse
+    monkeypatch.setattr(math_rewards, "_parse", lambda text, what: (
+        real_parse(text, what) if what == "reference answer" else no_verifier()))
+    start = time.monotonic()
+    assert REWARDS.get(name)(response=f"so {TOWER}", answer=gold) == 0.0
+    assert REWARDS.get(format_check(name))(response=f"so {TOWER}") == 0.0
+    assert time.monotonic() - start < 1.0
+
+
+PAID = ([("exact_answer", r, g) for r, g, score in PLAIN if score == 1.0]
+        + [("math_verify", r, g) for r, g, score in BOXED if score == 1.0]
+        + [("gsm8k", r, g) for r, g, score in GSM8K if score == 1.0])
+
+
+@needs_math_verify
+@pytest.mark.parametrize("name, response, gold", PAID)
+def test_whatever_a_grader_pays_its_format_check_counts_as_answered(name, response, gold):
+    # So `rewarded_unformatted` (the reward-hacking watch) stays 0 under a strict grader.
+    assert REWARDS.get(name)(response=response, answer=gold) == 1.0
+    assert REWARDS.get(format_check(name))(response=response) == 1.0

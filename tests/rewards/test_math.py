@@ -96,7 +96,7 @@ def test_math_verify_turns_its_own_timeout_into_an_error(monkeypatch):
     monkeypatch.setattr(math_rewards, "VERIFY_TIMEOUT_S", 1)
     start = time.monotonic()
     with pytest.raises(TimeoutError, match="comparing took over 1 s"):
-        math_verify(response=r"\boxed{2}", answer="2")
+        math_verify(response=r"\boxed{\sqrt{2}}", answer=r"\sqrt{2}")  # a surd: math-verify's
     assert time.monotonic() - start < 3
 
 
@@ -153,23 +153,28 @@ def test_overlong_penalty_edges_and_bad_arguments():
 
 
 @needs_math_verify
-def test_math_rewards_in_the_worker_pool_and_a_hanging_verifier_fails_its_call():
-    # Real verification in spawned workers (math-verify's SIGALRM must work there), and the
-    # two kinds of hang each end as a failed outcome while the other calls are scored.
+def test_math_rewards_in_the_worker_pool_and_a_hanging_verifier():
+    # Real verification in spawned workers (math-verify's SIGALRM must work there). A
+    # comparison past math-verify's own limit is the response's doing: scored 0, counted. A
+    # hang outside that limit ends as a failed call when the pool kills the worker.
+    surd = r"\frac{\sqrt{3}}{2}"  # an expression gold: math-verify grades it
     with RewardPool(num_workers=3, timeout_s=4.0, plugins=(PLUGIN,)) as pool:
-        pool.submit("right", "math_verify", response=r"\boxed{0.5}", answer=r"\frac{1}{2}")
+        pool.submit("right", "math_verify", response=r"\boxed{\frac{\sqrt3}{2}}", answer=surd)
         pool.submit("wrong", "math_verify", response=r"\boxed{2}", answer="3")
         pool.submit("gsm8k", "gsm8k", response=r"so \boxed{1,234}", answer="#### 1234")
         pool.submit("bad_reference", "math_verify", response="1", answer=r"\frac{")
-        pool.submit("hangs", "test_math_verify_hangs", response=r"\boxed{2}", answer="2")
+        pool.submit("hangs", "test_math_verify_hangs", response=r"\boxed{\sqrt{3}/2}", answer=surd)
         pool.submit("hangs_unguarded", "test_math_verify_hangs_unguarded",
-                    response=r"\boxed{2}", answer="2")
+                    response=r"\boxed{\sqrt{3}/2}", answer=surd)
         outcomes = wait_for(pool, 6, limit_s=30)
+        assert pool.response_errors == 1 and pool.failures == 2
     assert outcomes["right"].reward == 1.0
     assert outcomes["wrong"].reward == 0.0
     assert outcomes["gsm8k"].reward == 1.0
     assert outcomes["bad_reference"].error.startswith("ValueError: math_verify: the reference")
-    assert outcomes["hangs"].reward is None
-    assert outcomes["hangs"].error.startswith("TimeoutError: math_verify: comparing took over 1 s")
-    assert outcomes["hangs_unguarded"].reward is None
+    assert outcomes["bad_reference"].raised
+    assert outcomes["hangs"].reward == 0.0 and outcomes["hangs"].ok
+    assert outcomes["hangs"].response_error.startswith(
+        "TimeoutError: math_verify: comparing took over 1 s")
+    assert outcomes["hangs_unguarded"].reward is None and not outcomes["hangs_unguarded"].raised
     assert outcomes["hangs_unguarded"].error == "timeout after 4 s"

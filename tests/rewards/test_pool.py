@@ -42,10 +42,36 @@ def test_a_hanging_raising_or_crashing_reward_fails_only_its_own_call(pool):
     assert wait_for(pool, 1)["after"].reward == 1.0
 
 
+def test_a_reward_that_fails_on_the_response_alone_scores_it_0_and_counts_it(pool):
+    failures, response_errors = pool.failures, pool.response_errors
+    pool.submit("tower", "test_chokes_on_tower", response=r"\boxed{9^{9^{9^{9}}}}", answer="7")
+    pool.submit("right", "test_chokes_on_tower", response="7", answer="7")
+    pool.submit("reference", "test_reference_unreadable", response="7", answer="\\frac{")
+    pool.submit("no_response", "test_reference_unreadable", response="", answer="\\frac{")
+    outcomes = wait_for(pool, 4)
+    # The response's fault (the reward succeeds on an empty response): a 0 to learn from.
+    tower = outcomes["tower"]
+    assert tower.ok and tower.reward == 0.0 and not tower.raised
+    assert tower.response_error == "TimeoutError: verifying took too long"
+    assert outcomes["right"].reward == 1.0 and outcomes["right"].response_error is None
+    # The reference's (it fails whatever the response): a failed call, loudly.
+    for key in ("reference", "no_response"):
+        assert not outcomes[key].ok and outcomes[key].raised and outcomes[key].reward is None
+        assert outcomes[key].error.startswith("ValueError: the reference answer")
+    assert (pool.failures - failures, pool.response_errors - response_errors) == (2, 1)
+
+
+def test_map_returns_every_outcome_in_order(pool):
+    outcomes = pool.map("exact_answer", [{"response": str(n), "answer": "3"} for n in range(6)])
+    assert [o.reward for o in outcomes] == [0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+
 def test_unknown_reward_name_lists_the_registered_ones(pool):
     pool.submit("x", "exact_answr", response="1", answer="1")
-    error = wait_for(pool, 1)["x"].error
-    assert "unknown reward function 'exact_answr'" in error and "exact_answer" in error
+    outcome = wait_for(pool, 1)["x"]
+    assert "unknown reward function 'exact_answr'" in outcome.error
+    assert "exact_answer" in outcome.error
+    assert outcome.raised and outcome.response_error is None
 
 
 def test_bad_pool_settings():
