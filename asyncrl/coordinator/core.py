@@ -45,11 +45,16 @@ from asyncrl.coordinator.routing import (BINDINGS, DISPATCH_MODES, PendingQueue,
                                          eligible_new, eligible_resume, place_each_response)
 from asyncrl.coordinator.records import AllInstancesFailed, Batch, Counters, PromptSource
 from asyncrl.coordinator.view import ClusterView
+from asyncrl.errors import UserError
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.staleness import StalenessError, TrajectoryState
 
 _S = TrajectoryState
 _UNSEEN_BY_ADMISSION = (InstanceState, Finished)
+
+
+class AdmissionMismatch(UserError):
+    """A checkpoint's coordinator state was written under another admission policy."""
 
 
 class Core:
@@ -419,7 +424,8 @@ class Core:
         return {"next_entry_id": self.next_entry_id, "version": self.version,
                 "retry": list(self._retry), "aborted": list(self.aborted_ids),
                 "counters": dataclasses.asdict(self.counters),
-                "admission": self.admission.state_dict()}
+                "admission": self.admission.state_dict(),
+                "admission_kind": type(self.admission).__name__}
 
     def load_state_dict(self, state: dict) -> None:
         """Takes over a checkpoint's state (the server restored first) and re-queues its work:
@@ -430,6 +436,14 @@ class Core:
         self._retry = collections.deque(state["retry"])
         self.aborted_ids = list(state["aborted"])
         self.counters = Counters(**state["counters"])
+        kind = state.get("admission_kind")  # absent from checkpoints older than the field
+        if kind is not None and kind != type(self.admission).__name__:
+            # One schedule's bookkeeping means nothing to another (a run resumed anyway
+            # under another coordinator.admission).
+            raise AdmissionMismatch(
+                f"the checkpoint's coordinator state was written by {kind}, this config's "
+                f"coordinator.admission runs {type(self.admission).__name__}: resume with the "
+                f"admission the run started with (its run.json), or use a fresh --workdir")
         self.admission.load_state_dict(state["admission"])
         for entry in self.server.entries():
             for t in self.server.members(entry):

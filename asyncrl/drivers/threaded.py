@@ -29,6 +29,7 @@ from asyncrl.coordinator.records import Batch
 from asyncrl.coordinator.messages import (BatchReady, Command, Dispatch, Drop, Event, Extract,
                                           Extracted, Failed, Finished, Published,
                                           Rejoined, RejoinFailed, Score, Scored, Sync, Synced)
+from asyncrl.errors import UserError
 from asyncrl.records import Trajectory
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import InstanceFailed, Work
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 
 class StopRequested(Exception):
     """The run was asked to stop while the trainer waited for a batch."""
+
+
+class BrokenReference(UserError):
+    """A reward that raises whatever the response: the task's reference answer (or the
+    reward) is broken, which no retry of the prompt can mend."""
 
 
 class BatchTimeout(TimeoutError):
@@ -110,6 +116,8 @@ class ThreadedDriver:
 
     def check(self) -> None:
         """Re-raises a failure of the coordinator thread in the caller."""
+        if isinstance(self._error, UserError):
+            raise self._error
         if self._error is not None:
             raise RuntimeError("the coordinator thread failed") from self._error
 
@@ -153,7 +161,8 @@ class ThreadedDriver:
                     commands = self.core.step(time.monotonic(), events)
                     self._apply(commands)
         except BaseException as error:
-            log.exception("coordinator failed")
+            if not isinstance(error, UserError):  # a user's error is its one line, no traceback
+                log.exception("coordinator failed")
             self._error = error
             with self._batch:
                 self._batch.notify_all()
@@ -167,6 +176,14 @@ class ThreadedDriver:
         except queue.Empty:
             pass
         for t, outcome in self.rewards.poll():
+            if outcome.raised:
+                # It raised on an empty response too (asyncrl/rewards/pool.py): the reference
+                # answer or the reward is at fault, and re-dispatching the prompt would loop.
+                raise BrokenReference(
+                    f"the reward raised whatever the response (an empty one too) for prompt "
+                    f"{self.server.prompt_id(self.server.entry_of(t))} of the task's train "
+                    f"split: {outcome.error}. Its reference answer (config.task's data) or the "
+                    f"reward (config.task.reward) is broken")
             events.append(Scored(t, outcome.reward if outcome.ok else None,
                                  "" if outcome.ok else str(outcome.error)))
         for instance in self.instances:

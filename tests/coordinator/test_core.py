@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl.coordinator import build_migration_policy, build_redundancy, build_router, build_sync_policy
 from asyncrl.coordinator.admission import build_admission
-from asyncrl.coordinator.core import Core
+from asyncrl.coordinator.core import AdmissionMismatch, Core
 from asyncrl.coordinator.records import AllInstancesFailed
 from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted, Failed,
                                           Finished, InstanceState, Prompt, Published, Rejoined,
@@ -231,6 +231,20 @@ def test_state_dict_resumes_partial_and_generated_work():
     assert partial in resumed and again_server.record(partial).tokens == [0, 1]
     assert again.next_entry_id == core.next_entry_id == 4
     assert not any(d.entry < 4 and not d.resume for d in of(Dispatch, out))  # none re-created
+
+
+def test_a_checkpoint_of_another_admission_is_refused_naming_both():
+    # A run resumed anyway (--resume_anyway) under another schedule: the barrier's
+    # bookkeeping is not StaleFlow's, and a KeyError from deep inside would say nothing.
+    core, server = make_core(eta=1, batch=2)
+    core.step(0.0, [state(0)])
+    meta, arrays = server.state_dict()
+    saved = core.state_dict()
+    barrier, barrier_server = make_core("barrier", eta=1, batch=2)
+    barrier_server.load_state_dict(meta, arrays)
+    with pytest.raises(AdmissionMismatch, match=r"written by StaleFlow, this config's "
+                                                r"coordinator.admission runs Barrier"):
+        barrier.load_state_dict(saved)
 
 
 def test_barrier_over_sampling_trains_the_first_b_and_recycles_the_rest_into_the_next_batch():

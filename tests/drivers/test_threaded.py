@@ -5,8 +5,11 @@ tests/distributed/test_remote_instance.py (Ray)."""
 
 import dataclasses
 
-from asyncrl.drivers.threaded import ThreadedDriver, stall_reason
+import pytest
+
+from asyncrl.drivers.threaded import BrokenReference, ThreadedDriver, stall_reason
 from asyncrl.records import InstanceState
+from asyncrl.rewards.pool import RewardOutcome
 from asyncrl.servers.trajectory import TrajectoryServer
 
 
@@ -51,3 +54,36 @@ def test_without_a_deadline_nothing_is_failed():
     d.instances = [Instance(0, 1e9)]
     assert d._gather() == [d.instances[0].state] and d.instances[0].failures == []
     assert stall_reason(1e9, None) is None and stall_reason(0.0, 1.0) is None
+
+
+class Outcomes:
+    def __init__(self, *outcomes):
+        self.outcomes = list(outcomes)
+
+    def poll(self):
+        polled, self.outcomes = self.outcomes, []
+        return polled
+
+
+def test_a_reward_that_raises_whatever_the_response_stops_the_run_naming_the_prompt():
+    # A broken reference answer: retrying its prompt would fail again, without end.
+    server = TrajectoryServer()
+    (t,) = server.add_group(0, prompt_id=17, prompt=[1, 2], group_size=1, max_new_tokens=4,
+                           v_traj=0)
+    d = ThreadedDriver(None, server, None, Outcomes(
+        (t, RewardOutcome(None, "ValueError: math_verify: the reference answer '\\frac{' could "
+                                "not be parsed", raised=True))), None, tick_s=0.0)
+    d.instances = []
+    with pytest.raises(BrokenReference, match=r"for prompt 17 of the task's train split: "
+                                              r"ValueError: math_verify: the reference answer"):
+        d._gather()
+
+
+def test_a_response_the_reward_raised_on_is_scored_as_a_failure_not_a_stop():
+    server = TrajectoryServer()
+    (t,) = server.add_group(0, prompt_id=3, prompt=[1], group_size=1, max_new_tokens=4, v_traj=0)
+    d = ThreadedDriver(None, server, None, Outcomes((t, RewardOutcome(None, "timeout after 5 s"))),
+                       None, tick_s=0.0)
+    d.instances = []
+    (scored,) = d._gather()
+    assert scored.trajectory_id == t and scored.reward is None
