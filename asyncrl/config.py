@@ -9,6 +9,7 @@ from the registries so they cannot drift.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -23,12 +24,19 @@ from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
 from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, router_needs_latency
 from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
 from asyncrl.data.arithmetic import KINDS
-from asyncrl.data.sources import DATASETS, SPLITS
+from asyncrl.data.math_data import ANSWER_FORMATS, Fields, check_fields
+from asyncrl.data.sources import DATASETS, SPLITS, file_fields
 from asyncrl.distributed import BACKENDS, TPU_HOST_CHIP_BOUNDS, TRANSPORTS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.model.chat import CHAT_TEMPLATE_SETTINGS
 from asyncrl.placement import devices_needed
 from asyncrl.rewards.registry import BOXED_REWARDS, REWARDS, format_check
+
+
+# The W&B sink's modes; the version the `wandb` extra pins (pyproject.toml), for the error
+# that says how to install it.
+WANDB_MODES = ("online", "offline")
+WANDB_REQUIREMENT = "wandb==0.31.0"
 
 
 def _fail(field: str, value: Any, allowed: str) -> None:
@@ -145,6 +153,24 @@ def validate(config: ml_collections.ConfigDict, device_count: int, processes: in
     if not 0 < config.rollout.temperature:
         _fail("rollout.temperature", config.rollout.temperature, "expected > 0 (sampling)")
     _validate_kv(config.rollout, config.coordinator.partial_rollout)
+    _validate_log(config.log, local_files)
+
+
+def _validate_log(log, local_files: bool) -> None:
+    """The optional W&B sink (asyncrl/metrics.py): checked here, not when the run's first
+    metrics row is written, after the model has loaded."""
+    if not isinstance(log.wandb, bool):
+        _fail("log.wandb", log.wandb, "expected True or False")
+    if log.wandb_mode not in WANDB_MODES:
+        _fail("log.wandb_mode", log.wandb_mode, f"one of {', '.join(map(repr, WANDB_MODES))}")
+    if not isinstance(log.wandb_project, str) or not log.wandb_project:
+        _fail("log.wandb_project", log.wandb_project, "a W&B project name")
+    if not isinstance(log.wandb_entity, str):
+        _fail("log.wandb_entity", log.wandb_entity,
+              "a W&B user or team name, or '' (the logged-in user's default)")
+    if log.wandb and local_files and importlib.util.find_spec("wandb") is None:
+        _fail("log.wandb", True, f"wandb is not installed: pip install {WANDB_REQUIREMENT} "
+              f"(or pip install -e .[wandb])")
 
 
 def _validate_scalars(config) -> None:
@@ -167,7 +193,7 @@ def _validate_scalars(config) -> None:
         _fail("coordinator.migration_interval_s", config.coordinator.migration_interval_s,
               "expected seconds ≥ 0 (0: at every coordinator step)")
     for field in ("coordinator.partial_rollout", "coordinator.dynamic_sampling", "task.skip_malformed",
-                  "mesh.colocate"):
+                  "mesh.colocate", "train.stop_without_signal"):
         if not isinstance(_get(config, field), bool):
             _fail(field, _get(config, field), "expected True or False")
 
@@ -209,6 +235,7 @@ def _validate_task(config, local_files: bool) -> None:
             if not os.path.isfile(_get(config, field)):
                 _fail(field, _get(config, field),
                       f"the path of a local {config.task.dataset} file (task.dataset)")
+    _validate_fields(config.task, local_files)
     for kind in config.task.kinds:
         if kind not in KINDS:
             _fail("task.kinds", tuple(config.task.kinds), f"registered kinds: {', '.join(KINDS.names())}")
@@ -218,6 +245,25 @@ def _validate_task(config, local_files: bool) -> None:
     if config.task.system_prompt and not config.task.chat_template:
         _fail("task.system_prompt", config.task.system_prompt,
               "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
+
+
+def _validate_fields(task, local_files: bool) -> None:
+    """The `prompts` format's field names, read by it alone: set for another dataset they
+    would be ignored. Checked against the files' first rows here, before anything is built."""
+    defaults = Fields()
+    for field, value, default in (("prompt_field", task.prompt_field, defaults.prompt),
+                                  ("answer_field", task.answer_field, defaults.answer),
+                                  ("answer_format", task.answer_format, defaults.answer_format)):
+        if task.dataset != "prompts" and value != default:
+            _fail(f"task.{field}", value, f"{default!r}: it is read only with task.dataset = "
+                  f"'prompts', and task.dataset is {task.dataset!r}")
+        if field != "answer_format" and not (isinstance(value, str) and value):
+            _fail(f"task.{field}", value, "the name of a field of the data file's rows")
+    if task.answer_format not in ANSWER_FORMATS:
+        _fail("task.answer_format", task.answer_format, f"one of {', '.join(ANSWER_FORMATS)}")
+    if task.dataset == "prompts" and local_files:
+        for path in (task.train_path, task.test_path):
+            check_fields(path, file_fields(task))
 
 
 def _validate_schedule(config) -> None:

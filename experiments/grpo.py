@@ -39,11 +39,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.param_dtype = "float32"
 
     c.task = ml_collections.ConfigDict()
-    c.task.dataset = "arithmetic"  # or 'gsm8k' / 'math': local files (see experiments/gsm8k.py)
-    c.task.train_path = ""  # gsm8k / math: the train file (JSONL, or parquet for math)
-    # gsm8k / math: the test file (reported); the validation split is a tenth of the train
+    # or 'gsm8k' / 'math' / 'prompts': local files (asyncrl/data/math_data.py lists the
+    # layouts; see experiments/gsm8k.py)
+    c.task.dataset = "arithmetic"
+    c.task.train_path = ""  # a file task's train file (JSONL or parquet)
+    # A file task's test file (reported); the validation split is a tenth of the train
     # file's questions, carved out by construction (asyncrl/data/heldout.py)
     c.task.test_path = ""
+    # 'prompts' only: the fields holding each row's prompt and answer, and how the answer
+    # field holds the answer: 'plain' (the answer itself), 'gsm8k' (the number after
+    # '####') or 'boxed' (the last \boxed{} of a solution).
+    c.task.prompt_field = "prompt"
+    c.task.answer_field = "answer"
+    c.task.answer_format = "plain"
     c.task.skip_malformed = False  # skip (and count) malformed rows instead of stopping
     c.task.data_dir = ""  # where files are prepared as TFDS data ('': <workdir>/tfds)
     # Two-digit addition: 8,100 problems; 810 validation and 810 test problems are never drawn
@@ -137,6 +145,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.kl_coef = 0.0
     c.train.entropy_coef = 0.0
     c.train.aggregation = "token-mean"
+    # When every group of the first 3 batches scores all its responses alike (no GRPO signal:
+    # a prompt and a grader that disagree, a solved or hopeless task) the run says so and
+    # why; True stops it there with that message instead (asyncrl/run/learning_signal.py).
+    c.train.stop_without_signal = False
 
     c.mesh = ml_collections.ConfigDict()
     c.mesh.trainer_devices = 1
@@ -168,6 +180,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Modules that register rewards of your own (REWARDS.register): imported before the config
     # is checked and in every reward worker, e.g. ("my_project.rewards",).
     c.rewards.plugins = ()
+
+    # Where metrics go besides <workdir>/metrics.jsonl and <workdir>/tensorboard, which are
+    # always written (docs/metrics.md says what each metric is).
+    c.log = ml_collections.ConfigDict()
+    # Weights & Biases too, under <workdir>/wandb (pip install -e .[wandb]); 'online' needs
+    # `wandb login`, 'offline' writes the run there for `wandb sync` later.
+    c.log.wandb = False
+    c.log.wandb_mode = "online"
+    c.log.wandb_project = "asyncrl"
+    c.log.wandb_entity = ""  # '': the logged-in user's default entity
 
     # Where rollout instances run and how weights reach them (launch/README.md).
     c.distributed = ml_collections.ConfigDict()

@@ -1,14 +1,19 @@
 """GSM8K post-training of a Hugging Face chat model (Qwen2.5 / Qwen3 / Llama 3 / SmolLM2) from
 local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the model.
 
-1. The data: GSM8K's two JSONL files, one problem per line with `question` and `answer`
-   (the worked solution ending in `#### 72`), e.g. from a copy of openai/grade-school-math:
+1. The data: GSM8K's two files, one problem per row with `question` and `answer` (the
+   worked solution ending in `#### 72`), as JSONL (a copy of openai/grade-school-math) or as
+   the parquet files of Hugging Face's openai/gsm8k, used as they are:
 
        data/gsm8k/train.jsonl   data/gsm8k/test.jsonl
+       …:train=data/gsm8k/main/train-00000-of-00001.parquet,test=data/gsm8k/main/test-00000-of-00001.parquet
 
    MATH / DAPO-style files work the same way with `dataset=math` (JSONL or parquet rows with
-   `problem` and `answer` or a `solution` ending in \\boxed{...}); set the reward to
-   `math_verify` with `--config.task.reward=math_verify`.
+   `problem` and `answer` or a `solution` ending in \\boxed{...}; HuggingFaceH4/MATH-500's
+   parquet as it is), with the reward `math_verify`. Any other layout is read with
+   `dataset=prompts` and its field names: `--config.task.prompt_field=question
+   --config.task.answer_field=solution --config.task.answer_format=boxed` (answer formats:
+   'plain', 'gsm8k', 'boxed').
 
 2. The model: a Hugging Face folder with config.json, model.safetensors (or shards and their
    index) and tokenizer.json / tokenizer_config.json, e.g. Qwen/Qwen2.5-0.5B-Instruct or

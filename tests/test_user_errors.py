@@ -83,6 +83,16 @@ def malformed_row(tmp_path, request):
             [f"{train}: line 2", "missing field 'answer'"])
 
 
+def misnamed_prompt_field(tmp_path, request):
+    # A GSM8K file read as generic prompts with the default field names.
+    path = tmp_path / "train.jsonl"
+    path.write_text(json.dumps(GOOD_ROW) + "\n")
+    return (["--config.task.dataset=prompts", f"--config.task.train_path={path}",
+             f"--config.task.test_path={path}"],
+            [f"{path}: line 1", "missing field 'prompt' (fields: question, answer)",
+             "config.task.prompt_field"])
+
+
 def missing_data_file(tmp_path, request):
     heldout = tmp_path / "test.jsonl"
     heldout.write_text(json.dumps(GOOD_ROW) + "\n")
@@ -110,7 +120,8 @@ def bucket_workdir(tmp_path, request):
 
 @pytest.mark.parametrize("case", [
     misspelt_field, negative_eta, empty_batch, garbage_gguf, hf_folder_without_weights,
-    malformed_row, missing_data_file, flipped_checkpoint_byte, bucket_workdir,
+    malformed_row, misnamed_prompt_field, missing_data_file, flipped_checkpoint_byte,
+    bucket_workdir,
 ], ids=lambda case: case.__name__)
 def test_user_error_is_one_line_naming_the_culprit(case, tmp_path, request):
     args, culprits = case(tmp_path, request)

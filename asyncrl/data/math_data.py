@@ -1,11 +1,18 @@
-"""Math datasets from local files: GSM8K JSONL and MATH / DAPO-style JSONL or parquet.
+"""Math datasets from local files: GSM8K, MATH / DAPO-style, or any file of prompts and answers.
 
-Formats (one problem per row):
-  gsm8k   JSONL, {"question": str, "answer": "...working...\\n#### 72"}; the answer kept is the
-          number after the last `####` ("1,234" → "1234").
-  math    JSONL or parquet (by suffix), {"problem": str, "answer": str | number} or
-          {"problem": str, "solution": "... \\boxed{\\frac{1}{2}}"}; `answer` wins when both are
-          there, else the answer is the last complete `\\boxed{}` of the solution.
+Formats (one problem per row; JSONL or parquet, by suffix):
+  gsm8k    {"question": str, "answer": "...working...\\n#### 72"}; the answer kept is the
+           number after the last `####` ("1,234" → "1234"). Hugging Face's `openai/gsm8k`
+           parquet files are this layout as they are.
+  math     {"problem": str, "answer": str | number} or
+           {"problem": str, "solution": "... \\boxed{\\frac{1}{2}}"}; `answer` wins when both are
+           there, else the answer is the last complete `\\boxed{}` of the solution; other
+           fields are ignored, so `HuggingFaceH4/MATH-500` (with `solution`, `subject`,
+           `level`, `unique_id`) is read as it is.
+  prompts  any layout, its fields named by `Fields` (config.task.prompt_field,
+           answer_field, answer_format): the prompt a non-empty string, the answer held as
+           `ANSWER_FORMATS` says. A named field the file's first row (or a parquet file's
+           columns) lacks is refused before any row is read, with the fields it has.
 
 A malformed row is a DataError (a ValueError and an asyncrl UserError) naming the file, the
 1-based line (or parquet row) and what is wrong. With `skip_malformed=True` it is skipped
@@ -29,7 +36,7 @@ import dataclasses
 import json
 import logging
 import pathlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from asyncrl.data.arithmetic import Problem
@@ -39,7 +46,7 @@ from asyncrl.rewards.math import gsm8k_reference
 
 log = logging.getLogger(__name__)
 
-FORMATS = ("gsm8k", "math")
+FORMATS = ("gsm8k", "math", "prompts")
 _KEPT_ERRORS = 20  # messages kept for skipped rows; the count is exact regardless
 
 
@@ -109,7 +116,8 @@ def _jsonl_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
                 yield number, ValueError(f"not valid JSON ({e.msg} at column {e.colno})")
 
 
-def _parquet_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
+def _parquet(path: pathlib.Path, schema_only: bool = False) -> Any:
+    """The file's table, or only its schema (cheap: no rows are read)."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -118,51 +126,120 @@ def _parquet_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
     import pyarrow
 
     try:
-        table = pq.read_table(path)
+        return pq.read_schema(path) if schema_only else pq.read_table(path)
     except pyarrow.ArrowException as e:
         raise DataError(f"{path}: not a readable parquet file: {e}") from e
-    yield from enumerate(table.to_pylist(), start=1)
 
 
-def _text_field(row: dict, field: str) -> str:
+def _parquet_rows(path: pathlib.Path) -> Iterator[tuple[int, Any]]:
+    yield from enumerate(_parquet(path).to_pylist(), start=1)
+
+
+def _missing_field(field: str, fields: Iterable[str], setting: str = "") -> ValueError:
+    """`setting`: the config field that names `field`, for a layout the config describes."""
+    hint = f"; set config.task.{setting}" if setting else ""
+    return ValueError(f"missing field {field!r} (fields: {', '.join(fields) or 'none'}){hint}")
+
+
+def _text_field(row: dict, field: str, setting: str = "") -> str:
     if field not in row:
-        raise ValueError(f"missing field {field!r} (fields: {', '.join(sorted(row)) or 'none'})")
+        raise _missing_field(field, row, setting)
     value = row[field]
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"field {field!r} must be a non-empty string, got {value!r:.80}")
     return value
 
 
-def _gsm8k_problem(row: dict, index: int) -> Problem:
-    question = _text_field(row, "question")
-    solution = _text_field(row, "answer")
+def _plain_answer(row: dict, field: str, setting: str = "") -> str:
+    """The field is the answer: a string, or a number (DAPO-style files carry numbers)."""
+    if field not in row:
+        raise _missing_field(field, row, setting)
+    answer = row[field]
+    # bool is an int in Python but never an answer.
+    if isinstance(answer, (int, float)) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        raise ValueError(f"field {field!r} must be a non-empty string or a number, "
+                         f"got {row[field]!r:.80}")
+    return answer.strip()
+
+
+def _gsm8k_answer(row: dict, field: str, setting: str = "") -> str:
+    """The field is a worked solution ending in '#### N': the answer is N."""
+    solution = _text_field(row, field, setting)
     if "####" not in solution:
-        raise ValueError(f"field 'answer' has no '####' before the final number: "
+        raise ValueError(f"field {field!r} has no '####' before the final number: "
                          f"{solution[-80:]!r}")
-    return Problem(index, question, gsm8k_reference(solution), "gsm8k")
+    return gsm8k_reference(solution)
 
 
-def _math_problem(row: dict, index: int) -> Problem:
+def _boxed_answer(row: dict, field: str, setting: str = "") -> str:
+    """The field is a solution: the answer is its last complete \\boxed{}."""
+    boxed = last_boxed(_text_field(row, field, setting))
+    if boxed is None:
+        raise ValueError(f"field {field!r} has no complete \\boxed{{...}} holding the answer")
+    return boxed
+
+
+_ANSWERS: dict[str, Callable[[dict, str, str], str]] = {
+    "plain": _plain_answer, "gsm8k": _gsm8k_answer, "boxed": _boxed_answer}
+ANSWER_FORMATS = tuple(_ANSWERS)  # how a `prompts` file's answer field holds the answer
+
+
+@dataclasses.dataclass(frozen=True)
+class Fields:
+    """Where the `prompts` format reads a row (config.task.prompt_field, answer_field,
+    answer_format); the other formats have fixed layouts and ignore it."""
+
+    prompt: str = "prompt"
+    answer: str = "answer"
+    answer_format: str = "plain"  # one of ANSWER_FORMATS
+
+    def __post_init__(self):
+        if self.answer_format not in _ANSWERS:
+            raise ValueError(f"math data: answer_format must be one of {ANSWER_FORMATS}, "
+                             f"got {self.answer_format!r}")
+
+
+def _gsm8k_problem(row: dict, index: int, fields: Fields) -> Problem:
+    return Problem(index, _text_field(row, "question"), _gsm8k_answer(row, "answer"), "gsm8k")
+
+
+def _math_problem(row: dict, index: int, fields: Fields) -> Problem:
     problem = _text_field(row, "problem")
     if "answer" in row:
-        answer = row["answer"]
-        # DAPO-style files carry numeric answers; bool is an int in Python but never an answer.
-        if isinstance(answer, (int, float)) and not isinstance(answer, bool):
-            answer = str(answer)
-        if not isinstance(answer, str) or not answer.strip():
-            raise ValueError(f"field 'answer' must be a non-empty string or a number, "
-                             f"got {row['answer']!r:.80}")
-        return Problem(index, problem, answer.strip(), "math")
+        return Problem(index, problem, _plain_answer(row, "answer"), "math")
     if "solution" not in row:
-        raise ValueError(f"needs field 'answer' or 'solution' (fields: {', '.join(sorted(row))})")
-    boxed = last_boxed(_text_field(row, "solution"))
-    if boxed is None:
-        raise ValueError("field 'solution' has no complete \\boxed{...} holding the answer")
-    return Problem(index, problem, boxed, "math")
+        raise ValueError(f"needs field 'answer' or 'solution' (fields: {', '.join(row)})")
+    return Problem(index, problem, _boxed_answer(row, "solution"), "math")
 
 
-_MAKERS: dict[str, Callable[[dict, int], Problem]] = {"gsm8k": _gsm8k_problem,
-                                                      "math": _math_problem}
+def _prompts_problem(row: dict, index: int, fields: Fields) -> Problem:
+    prompt = _text_field(row, fields.prompt, "prompt_field")
+    answer = _ANSWERS[fields.answer_format](row, fields.answer, "answer_field")
+    return Problem(index, prompt, answer, "prompts")
+
+
+_MAKERS: dict[str, Callable[[dict, int, Fields], Problem]] = {
+    "gsm8k": _gsm8k_problem, "math": _math_problem, "prompts": _prompts_problem}
+
+
+def check_fields(path: str | pathlib.Path, fields: Fields) -> None:
+    """Refuses a `prompts` file whose first row (a parquet file's columns) lacks a field
+    `fields` names, before any row is read and whether malformed rows are skipped or not:
+    a misnamed field would make every row malformed. A first row that is not an object is
+    left to its own error when the rows are read."""
+    path = pathlib.Path(path)
+    if path.suffix == ".parquet":
+        where, names = "row 1", _parquet(path, schema_only=True).names
+    else:
+        first = next(_jsonl_rows(path), None)
+        if first is None or not isinstance(first[1], dict):
+            return
+        where, names = f"line {first[0]}", list(first[1])
+    for field, setting in ((fields.prompt, "prompt_field"), (fields.answer, "answer_field")):
+        if field not in names:
+            raise DataError(f"{path}: {where} (prompts): {_missing_field(field, names, setting)}")
 
 
 @dataclasses.dataclass
@@ -175,12 +252,14 @@ class Skipped:
 
 
 def read_problems(path: str | pathlib.Path, kind: str, skip_malformed: bool = False,
-                  skipped: Skipped | None = None) -> Iterator[tuple[Problem, int]]:
+                  skipped: Skipped | None = None,
+                  fields: Fields = Fields()) -> Iterator[tuple[Problem, int]]:
     """(problem, 1-based line or parquet row) for each good row; prompt ids count from 0.
 
     The one row parser: `load` and the TFDS builders (`asyncrl.data.tfds_builders`) both read
     through it, so a row means the same thing, and fails the same way, on either path. The
-    kind, file and suffix are checked at the call; the rows as the iterator is drained. A
+    kind, file, suffix and (for `prompts`) the named fields are checked at the call; the
+    rows as the iterator is drained. A
     malformed row raises, or with `skip_malformed` is counted in `skipped` and logged once
     the file is done; a file with no good row raises at the end.
     """
@@ -190,19 +269,19 @@ def read_problems(path: str | pathlib.Path, kind: str, skip_malformed: bool = Fa
     if not path.is_file():
         raise MissingDataFile(f"math data: no such file {str(path)!r}")
     if path.suffix == ".parquet":
-        if kind == "gsm8k":
-            raise DataError(f"{path}: GSM8K is read from JSONL, got a parquet file")
         rows, unit = _parquet_rows(path), "row"
     elif path.suffix == ".jsonl":
         rows, unit = _jsonl_rows(path), "line"
     else:
         raise DataError(f"{path}: expected a .jsonl or .parquet file, got suffix {path.suffix!r}")
-    return _good_rows(path, kind, rows, unit, skip_malformed,
+    if kind == "prompts":
+        check_fields(path, fields)
+    return _good_rows(path, kind, fields, rows, unit, skip_malformed,
                       Skipped() if skipped is None else skipped)
 
 
-def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], unit: str,
-               skip_malformed: bool, skipped: Skipped) -> Iterator[tuple[Problem, int]]:
+def _good_rows(path: pathlib.Path, kind: str, fields: Fields, rows: Iterator[tuple[int, Any]],
+               unit: str, skip_malformed: bool, skipped: Skipped) -> Iterator[tuple[Problem, int]]:
     make = _MAKERS[kind]
     good = 0
     for number, row in rows:
@@ -211,7 +290,7 @@ def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], u
                 raise row
             if not isinstance(row, dict):
                 raise ValueError(f"a row must be a JSON object, got {type(row).__name__}")
-            problem = make(row, good)
+            problem = make(row, good, fields)
         except ValueError as e:
             message = f"{path}: {unit} {number} ({kind}): {e}"
             if not skip_malformed:
@@ -229,10 +308,11 @@ def _good_rows(path: pathlib.Path, kind: str, rows: Iterator[tuple[int, Any]], u
         raise DataError(f"{path}: no usable {kind} problems (skipped {skipped.count} malformed)")
 
 
-def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False) -> MathDataset:
-    """Loads a local GSM8K (JSONL) or MATH / DAPO-style (JSONL or parquet) file into memory."""
+def load(path: str | pathlib.Path, kind: str, skip_malformed: bool = False,
+         fields: Fields = Fields()) -> MathDataset:
+    """Loads a local file of one of `FORMATS` (JSONL or parquet) into memory."""
     skipped = Skipped()
-    pairs = list(read_problems(path, kind, skip_malformed, skipped))
+    pairs = list(read_problems(path, kind, skip_malformed, skipped, fields))
     return MathDataset(str(path), [p for p, _ in pairs], [line for _, line in pairs],
                        skipped.count, skipped.errors)
 

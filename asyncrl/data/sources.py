@@ -2,12 +2,16 @@
 cursor, the validation split a run evaluates while it trains, and the test split it reports.
 
   arithmetic   the seeded generator (`task.kinds`, `task.style`): endless, nothing to read
-  gsm8k, math  local files (`task.train_path`, `task.test_path`) prepared once as TFDS
-               ArrayRecord data under `task.data_dir` (default: the run's workdir/tfds) and
-               read from disk without TensorFlow (`asyncrl.data.tfds_builders`); a
-               malformed row is an error naming the file and line, or with
-               `task.skip_malformed` a logged count. The train order is grain's shuffle.
-               The validation split is carved out of the train file by construction.
+  gsm8k, math, local JSONL or parquet files (`task.train_path`, `task.test_path`):
+  prompts      GSM8K's layout (`openai/gsm8k` as it is), MATH's (`HuggingFaceH4/MATH-500` as
+               it is), or any layout whose fields the config names (`task.prompt_field`,
+               `task.answer_field`, `task.answer_format`; `asyncrl.data.math_data`).
+               Prepared once as TFDS ArrayRecord data under `task.data_dir` (default: the
+               run's workdir/tfds) and read from disk without TensorFlow
+               (`asyncrl.data.tfds_builders`); a malformed row is an error naming the file
+               and line, or with `task.skip_malformed` a logged count. The train order is
+               grain's shuffle. The validation split is carved out of the train file by
+               construction.
 
 Every split offers random access by prompt id (a checkpoint stores the ids of live prompts)
 and `take(start, count)`; the cursor's `state_dict()` goes into every checkpoint.
@@ -70,8 +74,11 @@ def build_task_data(task, heldout_size: int, workdir: str | pathlib.Path) -> Tas
     from asyncrl.data import tfds_builders  # TFDS loads slowly; arithmetic runs never need it
 
     data_dir = task.data_dir or pathlib.Path(workdir) / "tfds"
-    train_file = tfds_builders.prepare(task.train_path, task.dataset, data_dir, task.skip_malformed)
-    read = tfds_builders.prepare(task.test_path, task.dataset, data_dir, task.skip_malformed)
+    fields = file_fields(task)
+    train_file = tfds_builders.prepare(task.train_path, task.dataset, data_dir,
+                                       task.skip_malformed, fields)
+    read = tfds_builders.prepare(task.test_path, task.dataset, data_dir, task.skip_malformed,
+                                 fields)
     try:
         train, validation = carve_validation(train_file)
     except ValueError as error:
@@ -91,6 +98,14 @@ def build_task_data(task, heldout_size: int, workdir: str | pathlib.Path) -> Tas
                           f"{task.test_path!r}{dropped}")
     return TaskData(train, validation, test, math_data.ShuffledCursor(train, task.seed),
                     heldout_disjoint=True)
+
+
+def file_fields(task) -> math_data.Fields:
+    """Where a `prompts` file's rows are read, as the task section names it; the other
+    formats have fixed layouts."""
+    if task.dataset != "prompts":
+        return math_data.Fields()
+    return math_data.Fields(task.prompt_field, task.answer_field, task.answer_format)
 
 
 def _arithmetic(task, heldout_size: int) -> TaskData:

@@ -1,10 +1,10 @@
 """Math datasets as TensorFlow Datasets builders over local files, read without TensorFlow.
 
-`prepare(path, kind, data_dir)` turns a GSM8K or MATH / DAPO-style file (the formats of
-`asyncrl.data.math_data`) into an ArrayRecord dataset under `data_dir` once, then reads it
-with `builder.as_data_source()`: random access from disk, no TensorFlow in the process, the
-same interface as the in-memory `MathDataset`, so `math_data.ShuffledCursor` (grain) walks
-either.
+`prepare(path, kind, data_dir)` turns a file of one of `asyncrl.data.math_data`'s formats
+(GSM8K, MATH / DAPO-style, or prompts with named fields) into an ArrayRecord dataset under
+`data_dir` once, then reads it with `builder.as_data_source()`: random access from disk, no
+TensorFlow in the process, the same interface as the in-memory `MathDataset`, so
+`math_data.ShuffledCursor` (grain) walks either.
 
     dataset = prepare("gsm8k/train.jsonl", "gsm8k", data_dir=workdir / "tfds")
     cursor = ShuffledCursor(dataset, seed=0)      # its state_dict() goes in every checkpoint
@@ -14,10 +14,11 @@ prepare with the file and line, or with `skip_malformed=True` is skipped, counte
 logged; the count and the first messages are kept in the prepared data's metadata, so a
 later run that reuses it still reports them.
 
-When to prepare again: the builder config is named by the file's stem, its SHA-256 and the
-skip flag, so an unchanged file reuses what is on disk (hashing it is the only read), and a
-changed one is prepared afresh beside the old one (which is left in place). Bump `VERSION`
-when the parser changes what a row becomes: prepared data of another version is not reused.
+When to prepare again: the builder config is named by the file's stem, its SHA-256, the
+skip flag and (for `prompts`) the fields read, so an unchanged file reuses what is on disk
+(hashing it is the only read), and a changed one is prepared afresh beside the old one (which
+is left in place). Bump `VERSION` when the parser changes what a row becomes: prepared data
+of another version is not reused.
 
 Each record: prompt_id (int, = its index), question (text), answer (text, the reference
 the reward compares with) and source_line (int, the file's 1-based line or parquet row).
@@ -62,6 +63,7 @@ class SourceFile(tfds.core.BuilderConfig):
     path: str = ""
     skip_malformed: bool = False
     sha256: str = ""
+    fields: math_data.Fields = math_data.Fields()  # read by the `prompts` format only
 
 
 class _FileBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
@@ -94,8 +96,8 @@ class _FileBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     def _generate_examples(self) -> Iterator[tuple[int, dict[str, Any]]]:
         config = self.builder_config
         skipped = math_data.Skipped()
-        for problem, line in math_data.read_problems(config.path, self.KIND,
-                                                     config.skip_malformed, skipped):
+        for problem, line in math_data.read_problems(config.path, self.KIND, config.skip_malformed,
+                                                     skipped, config.fields):
             yield problem.prompt_id, {"prompt_id": problem.prompt_id,
                                       "question": problem.question,
                                       "answer": problem.answer, "source_line": line}
@@ -114,7 +116,12 @@ class MathFile(_FileBuilder, skip_registration=True):
     KIND = "math"
 
 
-BUILDERS: dict[str, type[_FileBuilder]] = {b.KIND: b for b in (Gsm8kFile, MathFile)}
+class PromptsFile(_FileBuilder, skip_registration=True):
+    name = "asyncrl_prompts"
+    KIND = "prompts"
+
+
+BUILDERS: dict[str, type[_FileBuilder]] = {b.KIND: b for b in (Gsm8kFile, MathFile, PromptsFile)}
 
 
 class PreparedDataset:
@@ -170,7 +177,8 @@ def _sha256(path: pathlib.Path) -> str:
 
 
 def builder_for(path: str | pathlib.Path, kind: str, data_dir: str | pathlib.Path,
-                skip_malformed: bool = False) -> _FileBuilder:
+                skip_malformed: bool = False,
+                fields: math_data.Fields = math_data.Fields()) -> _FileBuilder:
     """The builder of `path`'s prepared data under `data_dir`, prepared or not."""
     if kind not in BUILDERS:
         raise ValueError(f"tfds builders: kind must be one of {sorted(BUILDERS)}, got {kind!r}")
@@ -180,15 +188,18 @@ def builder_for(path: str | pathlib.Path, kind: str, data_dir: str | pathlib.Pat
     sha256 = _sha256(path)
     stem = re.sub(r"[^a-z0-9]+", "_", path.stem.lower()).strip("_") or "data"
     name = f"{stem}_{sha256[:16]}_{'skip' if skip_malformed else 'strict'}"
+    if kind == "prompts":  # other fields make other problems of the same file
+        name += "_" + hashlib.sha256(repr(dataclasses.astuple(fields)).encode()).hexdigest()[:8]
     config = SourceFile(name=name, path=str(path), skip_malformed=skip_malformed, sha256=sha256,
-                        description=f"{path} (sha256 {sha256})")
+                        fields=fields, description=f"{path} (sha256 {sha256})")
     return BUILDERS[kind](config=config, data_dir=str(data_dir), file_format="array_record")
 
 
 def prepare(path: str | pathlib.Path, kind: str, data_dir: str | pathlib.Path,
-            skip_malformed: bool = False) -> PreparedDataset:
+            skip_malformed: bool = False,
+            fields: math_data.Fields = math_data.Fields()) -> PreparedDataset:
     """Prepares `path` under `data_dir` unless that is done already, and opens it."""
-    builder = builder_for(path, kind, data_dir, skip_malformed)
+    builder = builder_for(path, kind, data_dir, skip_malformed, fields)
     # is_prepared() alone warns about a folder that is not there yet.
     if builder.data_path.exists() and builder.is_prepared():
         log.info("%s: reusing the data prepared at %s", path, builder.data_dir)

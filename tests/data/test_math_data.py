@@ -76,7 +76,8 @@ def test_skip_malformed_counts_and_logs_every_skipped_row(tmp_path, caplog):
 def test_a_file_with_no_usable_rows_or_a_wrong_kind_or_suffix_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="no usable gsm8k problems .skipped 1 malformed"):
         load_gsm8k(write_jsonl(tmp_path / "g.jsonl", ["{"]), skip_malformed=True)
-    with pytest.raises(ValueError, match="kind must be one of .'gsm8k', 'math'., got 'aime'"):
+    with pytest.raises(ValueError,
+                       match="kind must be one of .'gsm8k', 'math', 'prompts'., got 'aime'"):
         load(tmp_path / "g.jsonl", "aime")
     with pytest.raises(ValueError, match="expected a .jsonl or .parquet file, got suffix '.csv'"):
         load_math(write_jsonl(tmp_path / "m.csv", [{"problem": "p", "answer": "1"}]))

@@ -101,7 +101,8 @@ def test_skipped_rows_are_counted_kept_and_logged_at_every_open(tmp_path, caplog
 
 
 def test_bad_kind_or_missing_file_is_an_error(tmp_path):
-    with pytest.raises(ValueError, match=r"kind must be one of \['gsm8k', 'math'\], got 'aime'"):
+    with pytest.raises(ValueError,
+                       match=r"kind must be one of \['gsm8k', 'math', 'prompts'\], got 'aime'"):
         prepare(gsm8k_file(tmp_path, 2), "aime", tmp_path / "tfds")
     with pytest.raises(FileNotFoundError, match="no such file"):
         prepare(tmp_path / "missing.jsonl", "gsm8k", tmp_path / "tfds")
