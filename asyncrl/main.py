@@ -2,7 +2,10 @@
 
     --config=experiments/grpo.py:tiny,eta=1   variants through get_config's argument
     --config.train.steps=30                    any field; a misspelt one is an error
-    --workdir=runs/grpo                        metrics, checkpoints, results.json
+    --workdir=runs/grpo                        metrics, checkpoints, results.json (default:
+                                               runs/<config file's name>[-<its argument>])
+    --resume_anyway                            use a workdir another config started (run.json)
+    --print_config                             print the resolved config (JSON) and exit
 
 Ctrl-C (or SIGTERM) finishes or abandons the step in flight, checkpoints and exits 0;
 rerunning the same command resumes.
@@ -24,9 +27,16 @@ from absl import app, flags, logging  # noqa: E402
 
 from asyncrl.cli import define_config_flag, run_main  # noqa: E402
 from asyncrl.errors import local_workdir  # noqa: E402
+from asyncrl.run_folder import check_identity, default_workdir, experiment_name  # noqa: E402
 
-_CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/grpo", "Where metrics, checkpoints and results go.")
+_CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).",
+                             print_flag=True)
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Where metrics, checkpoints and results go (default: runs/<config file's "
+    "name>[-<its argument>], e.g. runs/grpo, runs/grpo-tiny, runs/sync).")
+_RESUME_ANYWAY = flags.DEFINE_bool(
+    "resume_anyway", False, "Resume a workdir whose run.json records another experiment or "
+    "other values of the fields a run's state depends on (the differences are recorded).")
 
 
 def main(argv):
@@ -43,7 +53,12 @@ def main(argv):
     # A trainer group (distributed.* or JAX_*, or trainer_processes: followers this process
     # starts as Ray actors): joined before anything starts JAX's backend (importing the run
     # may), which then sees every process's devices. One process: nothing to join.
-    workdir = str(local_workdir(_WORKDIR.value))
+    config_flag = flags.FLAGS["config"].serialize().partition("=")[2]
+    workdir = str(local_workdir(_WORKDIR.value or default_workdir(config_flag)))
+    experiment = experiment_name(config_flag)
+    # On every process, before anything (the trainer group's start included) writes there:
+    # another run's folder is refused as it is. Process 0 records this run in it (asyncrl/run).
+    check_identity(workdir, _CONFIG.value, experiment, _RESUME_ANYWAY.value)
     group = form_group(_CONFIG.value, workdir)
     from asyncrl.run import run
 
@@ -58,7 +73,8 @@ def main(argv):
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     with group:  # then the followers' ends are awaited and their errors surfaced
-        run(_CONFIG.value, workdir, stop=stop)
+        run(_CONFIG.value, workdir, stop=stop, experiment=experiment,
+            resume_anyway=_RESUME_ANYWAY.value)
 
 
 if __name__ == "__main__":

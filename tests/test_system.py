@@ -11,12 +11,14 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
 import pytest
 
 from asyncrl.run import run, train_config
+from asyncrl.run.learning_signal import NoLearningSignal
 from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.metrics import read_metrics
 from asyncrl.rewards.registry import exact_answer
@@ -133,6 +135,33 @@ def test_a_reward_paying_unstated_answers_is_flagged_as_possible_reward_hacking(
     assert results["reward_hacking"][0]["step"] == flagged[0]
     assert "rewarded without an answer in the asked-for format" in results["reward_hacking"][0]["why"]
     assert f"step {flagged[0]}: possible reward hacking" in caplog.text
+
+
+def no_signal_config(**changes):
+    # The case: a grader reading boxed answers under a prompt that asks for none.
+    return tiny(task__reward="test_boxed_only", rewards__plugins=("tests.rewards._unanswerable",),
+                eval__format_reward="format", eval__heldout_size=4, **changes)
+
+
+def test_a_run_whose_first_batches_carry_no_signal_says_so_and_why(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="asyncrl.run"):
+        results = run(no_signal_config(train__steps=4), tmp_path)
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["no_signal_groups"], r["groups"], r["format_rate"]) for r in rows] == [(8, 8, 0.0)] * 4
+    why = results["no_learning_signal"]["why"]
+    assert results["no_learning_signal"]["step"] == 3
+    assert why.startswith("steps 1-3: every one of 24 groups scored all its 16 responses alike "
+                          "(reward 0), so no batch carries a learning signal: no response put "
+                          "its answer where task.reward = 'test_boxed_only' reads it (format "
+                          "rate 0)"), why
+    assert caplog.text.count("so no batch carries a learning signal") == 1
+    assert results["steps"] == 4  # a warning: the run goes on
+
+
+def test_stop_without_signal_ends_the_run_with_the_reason(tmp_path):
+    with pytest.raises(NoLearningSignal, match=r"format rate 0.*train.stop_without_signal is True"):
+        run(no_signal_config(train__steps=6, train__stop_without_signal=True), tmp_path)
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
 def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
@@ -263,6 +292,8 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     assert first.returncode == 0, output[-3000:]
     stopped_at = len(read_metrics(metrics))
     assert stopped_at < 16, "the run finished before it could be interrupted"
+    assert (f"its checkpoint is {tmp_path}/checkpoints/{stopped_at}: rerun the same command "
+            f"to resume") in output, output[-3000:]
 
     second = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-3000:]
@@ -274,6 +305,16 @@ def test_interrupt_then_rerun_loses_and_repeats_nothing(tmp_path):
     assert json.loads((tmp_path / "results.json").read_text())["wall_s"] > walls[stopped_at - 1]
     assert_every_entry_accounted_once(
         rows, json.loads((tmp_path / "results.json").read_text())["protocol"])
+
+
+def test_a_stop_before_the_first_step_says_no_checkpoint_was_written(tmp_path, caplog):
+    stop = threading.Event()
+    stop.set()  # Ctrl-C while the run was still building
+    results = run(tiny(train__steps=4), tmp_path, stop=stop)
+    assert "after" not in results
+    assert not [p for p in (tmp_path / "checkpoints").glob("*") if p.name.isdigit()]
+    assert ("stopped on request at step 0 of 4; no checkpoint was written (none before the "
+            "first step): a rerun starts from the beginning") in caplog.text
 
 
 def test_colocated_on_one_device_keeps_the_bound_and_the_accounting(tmp_path):

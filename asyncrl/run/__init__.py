@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import logging
 import pathlib
@@ -27,6 +28,7 @@ import jax
 import numpy as np
 
 from asyncrl import config as config_lib
+from asyncrl import run_folder
 from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import local_rollouts
@@ -42,6 +44,7 @@ from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
 from asyncrl.rewards import REWARDS
+from asyncrl.run.learning_signal import LearningSignalWatch, NoLearningSignal, signal_figures
 from asyncrl.run.log import RunLog
 from asyncrl.run.progress import Progress
 from asyncrl.run.timing import Chrono
@@ -55,20 +58,43 @@ log = logging.getLogger(__name__)
 
 
 def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
-        on_built: Callable[[Rollouts], None] | None = None) -> dict[str, Any]:
+        on_built: Callable[[Rollouts], None] | None = None, experiment: str | None = None,
+        resume_anyway: bool = False) -> dict[str, Any]:
     """Post-trains the policy asynchronously; returns (and writes) the before/after figures.
 
     `stop`, once set (main sets it on SIGINT/SIGTERM), ends the run after the step in flight
     with a checkpoint; the same call resumes it. `on_built` sees the rollouts before they
     start (tests inject faults there). Every process of a trainer group runs this loop; what
     only process 0 does (rollouts, evaluation, records) goes through its `Lead`.
+
+    The workdir's run.json (asyncrl/run_folder.py) must name this run: `experiment` (the
+    config file and argument; None from the Python API, which compares the config alone)
+    and the config's identity fields; `resume_anyway` uses another run's folder all the same.
     """
     stop = stop or threading.Event()
     workdir = local_workdir(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    with disk_full_is_user_error(workdir):
+        check(c)
+        if jax.process_index() == 0:  # before anything is written there
+            run_folder.claim(workdir, c, experiment, resume_anyway)
+        workdir.mkdir(parents=True, exist_ok=True)
+        return _run(c, workdir, stop, on_built)
 
+
+@contextlib.contextmanager
+def disk_full_is_user_error(workdir: pathlib.Path):
+    """A full disk is the user's to fix, and the run resumes from its last checkpoint once
+    it is: one line naming the folder, not a traceback from whichever write hit it."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise run_folder.folder_write_error(workdir, error) from error
+        raise
+
+
+def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str, Any]:
     # ---------------------------------------------------------------- build and restore
-    check(c)
     lead = Lead.build(c, workdir, on_built) if jax.process_index() == 0 else None
     policy, trainer = (lead.policy, lead.trainer) if lead else follower_trainer(c)
     # 1. the latest checkpoint in workdir  2. scratch: the configured policy's weights.
@@ -117,7 +143,9 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
             lead.shut_down(group, failed)
         else:
             group.stop(failed)
-    return lead.finish(step, params, stop.is_set()) if lead else {}
+    saved = ckpt.latest_step()
+    return lead.finish(step, params, stop.is_set(),
+                       None if saved is None else ckpt.directory / str(saved)) if lead else {}
 
 
 class Lead:
@@ -133,6 +161,8 @@ class Lead:
         # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
         self.background = BackgroundEvaluator(evaluate, c.eval.split)
         self.stated = answer_check(c, policy)
+        self.signal = LearningSignalWatch(
+            c.task.reward, "task.instruction / task.system_prompt", c.rollout.group_size)
         self.record: RunLog | None = None
         # The batch in training, as consumed and as trained: its figures are logged.
         self.batch: Batch | None = None
@@ -157,7 +187,7 @@ class Lead:
         if "before" not in self.record.results:
             self.record.before(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
                                                   "before", self.workdir))
-        self.record.open(step, self.chrono, self.background, self.rollouts)
+        self.record.open(step, self.chrono, self.background, self.rollouts, self.c)
         self.progress.start(step)
         self.rollouts.start(params, step)
 
@@ -178,7 +208,16 @@ class Lead:
 
     def trained(self, step: int, metrics, params) -> None:
         """Step `step` is trained: its figures, its weights published, maybe evaluated."""
-        self.record.batch(step, describe_batch(self.batch, self.train_batch, self.stated))
+        figures = describe_batch(self.batch, self.train_batch, self.stated)
+        self.record.batch(step, figures)
+        if (nothing_to_learn := self.signal.update(step, figures)) is not None:
+            if self.c.train.stop_without_signal:
+                # Every step's row written before the run ends on it.
+                self.record.step(self.late.push(step, metrics))
+                self.record.step(self.late.flush())
+                raise NoLearningSignal(f"{nothing_to_learn} (the run stops: "
+                                       f"train.stop_without_signal is True)")
+            self.record.no_signal(step, nothing_to_learn)
         self.rollouts.publish(step, params)
         if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
             self.record.evaluating(step)
@@ -212,14 +251,19 @@ class Lead:
                 shutdown.callback(self.record.close_evaluations)
             shutdown.callback(self.rollouts.stop)
 
-    def finish(self, step: int, params, stopped: bool) -> dict[str, Any]:
-        """The accounting, then (the run done) the final evaluation: results.json."""
+    def finish(self, step: int, params, stopped: bool,
+               checkpoint: pathlib.Path | None) -> dict[str, Any]:
+        """The accounting, then (the run done) the final evaluation: results.json.
+        `checkpoint`: the latest one in the workdir, if any was written."""
         self.record.finish(self.rollouts.accounting(), self.c.staleness.eta)
         if step < self.c.train.steps:
             if stopped:
-                log.warning("train: stopped at step %d on request; checkpoint saved", step)
-            log.info("stopped at step %d of %d; rerun the same command to resume", step,
-                     self.c.train.steps)
+                log.warning("train: stopped on request at step %d of %d; %s", step,
+                            self.c.train.steps,
+                            f"its checkpoint is {checkpoint}: rerun the same command to resume"
+                            if checkpoint is not None else
+                            "no checkpoint was written (none before the first step): a rerun "
+                            "starts from the beginning")
             return self.record.results
         self.record.after(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
                                              "after", self.workdir), step, self.c.eval.heldout_size)
@@ -365,6 +409,7 @@ def describe_batch(batch: Batch, train_batch: TrainBatch,
                        [r.reward >= 1.0 and not ok for r, ok in zip(records, formatted)]))}
     return {
         **answers,
+        **signal_figures([[r.reward for r in group] for group in batch.groups]),
         "cut_rate": float(np.mean([r.finish_reason == "length" for r in records])),
         "entries": batch.entries, "staleness": batch.staleness,
         # Identifies the batch's exact tokens: runs that must match can be compared.

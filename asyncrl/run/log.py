@@ -1,9 +1,9 @@
 """What a run records, each in one place: a metrics row per trained step (metrics.jsonl,
-TensorBoard, the progress bar), the evaluations as they finish, and results.json.
+TensorBoard, W&B if asked, the progress bar), the evaluations as they finish, and results.json.
 
     record = RunLog(workdir, progress, layout, earlier_wall_s)  # results.json, if resumed
     record.before(result, test)                                  # once per run, not per resume
-    record.open(step, chrono, evaluations, rollouts)             # the metrics file
+    record.open(step, chrono, evaluations, rollouts, config)     # metrics.jsonl, TensorBoard, W&B
     record.batch(step, figures); record.evaluating(step)         # per step, as trained
     record.step(late.push(step, metrics))                        # its row, a step late
     record.close_evaluations(); record.close()
@@ -78,11 +78,13 @@ class RunLog:
             say(f"{when}: {describe(test)}")
             self.results.setdefault("test", {})[when] = dataclasses.asdict(test)
 
-    def open(self, step: int, chrono: Chrono, evaluations: BackgroundEvaluator, rollouts) -> None:
+    def open(self, step: int, chrono: Chrono, evaluations: BackgroundEvaluator, rollouts,
+             config) -> None:
         """Starts the metrics rows at `step`; each row also reads the trainer's clock, the
-        periodic evaluations and the rollouts' figures."""
+        periodic evaluations and the rollouts' figures. `config`: the run's (its `log`
+        section says where rows go besides metrics.jsonl and TensorBoard)."""
         self.chrono, self.evaluations, self.rollouts = chrono, evaluations, rollouts
-        self.writer = MetricsWriter(self.workdir, resume_step=step)
+        self.writer = MetricsWriter(self.workdir, resume_step=step, config=config)
 
     def wall_s(self) -> float:
         return self.earlier_wall_s + self.chrono.wall_s()
@@ -149,6 +151,12 @@ class RunLog:
             print(f"{label} accuracy: {'?' if before is None else f'{before:.3f}'} -> "
                   f"{figures['after']['accuracy']:.3f} ({problems} problems)")
         print(f"results in {self.path}")
+
+    def no_signal(self, step: int, message: str) -> None:
+        """The first steps carried no learning signal (asyncrl/run/learning_signal.py)."""
+        self.results["no_learning_signal"] = {"step": step, "why": message}
+        self.progress.note(f"warning: {message}")
+        log.warning("%s", message)
 
     def _watch(self, step: int, figures: dict[str, Any]) -> bool:
         suspected = self.watch.update(BatchAnswers(figures["reward_mean"], figures["format_rate"],

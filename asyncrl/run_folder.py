@@ -1,0 +1,264 @@
+"""A run folder's identity: `run.json`, written on the folder's first use, checked on every
+later one.
+
+    check_identity(workdir, config, experiment)       # any process: refuses, writes nothing
+    claim(workdir, config, experiment)                # process 0: checks, then records
+    stored_config(workdir)                            # the config a run was started with
+
+`run.json` holds the experiment (the config file and its argument), the resolved config and
+the code version (the git commit and whether the tree was dirty, else the installed package's
+version), and one line per later use. A folder written by another experiment, or by a config
+that differs in a field the run's state depends on (IDENTITY_FIELDS: the model and its
+tokenizer, the task and its data, the optimizer, the group size, the seed), is refused with
+one line naming the folder and the differing fields, before anything is written there:
+resuming it would mix two runs' checkpoints, metrics and results into one record.
+`resume_anyway` (--resume_anyway) uses it all the same and records that it did.
+
+Other fields may change between uses (train.steps to train longer, the number of rollout
+instances, the schedule): a checkpoint restores under them. Import-light: main checks the
+folder before JAX starts.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import importlib.metadata
+import json
+import os
+import pathlib
+import subprocess
+from typing import Any
+
+import ml_collections
+
+from asyncrl.errors import UserError, local_workdir
+
+RUN_FILE = "run.json"
+# What a folder holds once a run has used it; a folder with none of these is free to claim.
+_RUN_MARKERS = ("results.json", "checkpoints", "metrics.jsonl")
+# The fields a run's state depends on: its weights and optimizer state, its data cursor and
+# its records mean nothing under other values. A section name covers every field in it.
+IDENTITY_FIELDS = (
+    "model",  # the weights, and the tokenizer that comes with them
+    "task.dataset", "task.train_path", "task.test_path", "task.prompt_field",
+    "task.answer_field", "task.answer_format", "task.kinds", "task.style",
+    "task.seed", "task.reward", "task.chat_template", "task.system_prompt", "task.instruction",
+    "train.learning_rate", "train.lr_schedule", "train.warmup_steps", "train.weight_decay",
+    "train.max_grad_norm",
+    "rollout.group_size",
+    "seed",
+)
+_PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+class RunFolderError(UserError):
+    """A workdir that cannot hold this run: another run's folder, a file, not writable, full."""
+
+
+def experiment_name(config_flag: str | None) -> str | None:
+    """`path:arg` of a `--config` value, the path relative to the current directory when it
+    lies under it, so the same file named two ways is one experiment."""
+    if not config_flag:
+        return None
+    path, sep, arg = config_flag.partition(":")
+    resolved = pathlib.Path(path).resolve()
+    try:
+        path = resolved.relative_to(pathlib.Path.cwd()).as_posix()
+    except ValueError:
+        path = resolved.as_posix()
+    return f"{path}{sep}{arg}"
+
+
+def default_workdir(config_flag: str) -> str:
+    """runs/<config file's name>[-<its argument>]: each experiment a folder of its own."""
+    path, _, arg = config_flag.partition(":")
+    name = pathlib.Path(path).stem
+    if arg:
+        name += "-" + "".join(ch if ch.isalnum() or ch in "=._" else "-" for ch in arg)
+    return f"runs/{name}"
+
+
+def code_version() -> dict[str, Any]:
+    """The commit and whether the tree differs from it, when asyncrl runs from a git
+    checkout; else the installed package's version."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(_PACKAGE_ROOT), *args], capture_output=True,
+                              text=True, check=True, timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+        return {"commit": commit, "dirty": dirty}
+    except (OSError, subprocess.SubprocessError):
+        try:
+            return {"package_version": importlib.metadata.version("asyncrl")}
+        except importlib.metadata.PackageNotFoundError:
+            return {"package_version": "unknown"}
+
+
+def identity_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """The IDENTITY_FIELDS of `config`, flattened to dotted names, as JSON values."""
+    plain = config_json(config)
+    fields: dict[str, Any] = {}
+    for name in IDENTITY_FIELDS:
+        node: Any = plain
+        for part in name.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        fields.update(_flatten(name, node))
+    return fields
+
+
+def check_identity(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
+                   experiment: str | None, resume_anyway: bool = False) -> dict | None:
+    """Raises RunFolderError unless `workdir` may hold this run; returns its run.json (None
+    for a folder no run has used). Writes nothing."""
+    folder = _usable_folder(workdir)
+    record = _read_record(folder)
+    if record is None:
+        if any((folder / marker).exists() for marker in _RUN_MARKERS) and not resume_anyway:
+            raise RunFolderError(
+                f"workdir {folder} holds a run but no {RUN_FILE} (written by an asyncrl that "
+                f"recorded no identity): its config cannot be checked against this one; pass "
+                f"--resume_anyway to resume it as this config, or choose another --workdir")
+        return None
+    differences = _differences(record, config, experiment)
+    if differences and not resume_anyway:
+        raise RunFolderError(
+            f"workdir {folder} holds another run: {'; '.join(differences)}. Choose another "
+            f"--workdir, or pass --resume_anyway to resume it with this config")
+    return record
+
+
+def claim(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
+          experiment: str | None, resume_anyway: bool = False) -> None:
+    """check_identity, then records this use in run.json: the whole identity on first use,
+    a line (time, code version, what differed when resumed anyway) on each later one."""
+    record = check_identity(workdir, config, experiment, resume_anyway)
+    folder = local_workdir(workdir)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if record is None:
+        record = {"experiment": experiment, "created": now, "code": code_version(),
+                  "config": config_json(config), "uses": []}
+    else:
+        use = {"time": now, "code": code_version()}
+        differences = _differences(record, config, experiment)
+        if differences:
+            use["resumed_anyway"] = differences
+        record.setdefault("uses", []).append(use)
+    _write(folder, record)
+
+
+def stored_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict | None:
+    """The resolved config the run in `workdir` was started with, or None when the folder
+    has no run.json. Sequences come back as tuples, as config files write them."""
+    record = _read_record(local_workdir(workdir))
+    if record is None:
+        return None
+    return ml_collections.ConfigDict(_tuples(record["config"]))
+
+
+def stored_experiment(workdir: str | pathlib.Path) -> str | None:
+    record = _read_record(local_workdir(workdir))
+    return None if record is None else record.get("experiment")
+
+
+def _usable_folder(workdir: str | pathlib.Path) -> pathlib.Path:
+    folder = local_workdir(workdir)
+    for parent in (folder, *folder.parents):
+        if parent.exists() and not parent.is_dir():
+            raise RunFolderError(f"--workdir={workdir}: {parent} is a file, not a folder")
+        if parent.is_dir():
+            if not os.access(parent, os.W_OK | os.X_OK):
+                what = "it" if parent == folder else f"its parent {parent}"
+                raise RunFolderError(f"--workdir={workdir}: {what} cannot be written "
+                                     f"(permission denied)")
+            break
+    return folder
+
+
+def _read_record(folder: pathlib.Path) -> dict | None:
+    path = folder / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunFolderError(f"{path}: cannot be read as the run's identity ({error}); it is "
+                             f"written when the folder is first used") from None
+    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
+        raise RunFolderError(f"{path}: no 'config' object; it is not a run.json asyncrl wrote")
+    return record
+
+
+def _differences(record: dict, config: ml_collections.ConfigDict,
+                 experiment: str | None) -> list[str]:
+    found = []
+    if experiment and record.get("experiment") and record["experiment"] != experiment:
+        found.append(f"experiment {record['experiment']} (this run: {experiment})")
+    stored = ml_collections.ConfigDict(_tuples(record["config"]))
+    found += [f"config.{name} = {there!r} there, {here!r} here"
+              for name, here, there in identity_differences(config, stored)]
+    return found
+
+
+def identity_differences(here: ml_collections.ConfigDict, there: ml_collections.ConfigDict
+                         ) -> list[tuple[str, Any, Any]]:
+    """(field, value here, value there) for each identity field whose values differ."""
+    ours, theirs = identity_fields(here), identity_fields(there)
+    return [(name, ours.get(name), theirs.get(name)) for name in sorted(ours.keys() | theirs.keys())
+            if ours.get(name) != theirs.get(name)]
+
+
+def _write(folder: pathlib.Path, record: dict) -> None:
+    path = folder / RUN_FILE
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(record, indent=2) + "\n")
+        partial.replace(path)  # a full disk leaves the old record whole, not half a new one
+    except OSError as error:
+        raise folder_write_error(folder, error) from None
+
+
+def folder_write_error(folder: pathlib.Path, error: OSError) -> RunFolderError:
+    """The one line for a write into the run's folder that failed."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RunFolderError(f"workdir {folder}: the disk is full ({error.strerror} writing "
+                              f"{error.filename or folder}); free space, or choose another "
+                              f"--workdir, then rerun: the run resumes from its last checkpoint")
+    return RunFolderError(f"workdir {folder}: cannot write {error.filename or folder}: "
+                          f"{error.strerror or error}")
+
+
+def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`config` as JSON data, as run.json records it (and --print_config prints it): tuples
+    as lists, anything not JSON as its repr."""
+    return _plain(config.to_dict())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, item in value.items():
+            flat.update(_flatten(f"{prefix}.{key}", item))
+        return flat
+    return {prefix: value}
