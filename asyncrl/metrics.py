@@ -1,19 +1,25 @@
-"""Per-step metrics to a JSONL file and TensorBoard event files in the workdir.
+"""Per-step metrics to a JSONL file and TensorBoard event files in the workdir, and to
+Weights & Biases when the config asks (config.log.wandb; docs/metrics.md says what each is).
 
 JSONL is the record tests and notebooks read back (one object per line, flushed every step so
 a killed run keeps what it logged); TensorBoard files come from tensorboardX, which writes
-them without TensorFlow.
+them without TensorFlow; W&B (the optional `wandb` extra) writes under <workdir>/wandb.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
+import secrets
 from typing import Any, Iterable
 
 import numpy as np
 from tensorboardX import SummaryWriter
+
+from asyncrl.errors import UserError
+from asyncrl.run_folder import config_json
 
 
 def _plain(value: Any) -> Any:
@@ -31,12 +37,16 @@ def _plain(value: Any) -> Any:
 
 class MetricsWriter:
     def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl",
-                 resume_step: int = 0):
+                 resume_step: int = 0, config=None):
         """`resume_step`: the step the run restarts from. Rows a killed run logged after its
         last checkpoint describe steps that will run again: they move to
-        `superseded.<filename>` (kept, not lost), so each step has one row."""
+        `superseded.<filename>` (kept, not lost), so each step has one row.
+        `config`: the run's resolved config; with config.log.wandb its rows also go to W&B."""
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
+        # First: W&B is the sink that can refuse to start (not logged in).
+        self._wandb_sink = (WandbSink(self.workdir, config)
+                            if config is not None and config.log.wandb else None)
         self.path = self.workdir / filename
         if self.path.exists():
             self._set_aside_rows_after(resume_step)
@@ -46,20 +56,24 @@ class MetricsWriter:
     def write(self, step: int, scalars: dict[str, float],
               histograms: dict[str, Iterable[float]] | None = None,
               records: dict[str, Any] | None = None) -> None:
-        """`scalars` go to both sinks; `histograms` to TensorBoard as histograms and to JSONL
-        as value lists; `records` (ids, tables) to JSONL only."""
+        """`scalars` go to every sink; `histograms` to TensorBoard and W&B as histograms and
+        to JSONL as value lists; `records` (ids, tables) to JSONL only."""
         line = {"step": step, **scalars}
-        for name, value in scalars.items():
-            if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
-                self._tensorboard.add_scalar(name, float(value), step)
-        for name, values in (histograms or {}).items():
-            values = np.asarray(list(values), dtype=np.float64)
+        numbers = {name: float(value) for name, value in scalars.items()
+                   if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+        for name, value in numbers.items():
+            self._tensorboard.add_scalar(name, value, step)
+        arrays = {name: np.asarray(list(values), dtype=np.float64)
+                  for name, values in (histograms or {}).items()}
+        for name, values in arrays.items():
             line[name] = values
             if values.size:
                 self._tensorboard.add_histogram(name, values, step)
         line.update(records or {})
         self._jsonl.write(json.dumps(_plain(line)) + "\n")
         self._jsonl.flush()
+        if self._wandb_sink is not None:
+            self._wandb_sink.write(step, numbers, arrays)
 
     def _set_aside_rows_after(self, step: int) -> None:
         kept, later = [], []
@@ -81,12 +95,55 @@ class MetricsWriter:
     def close(self) -> None:
         self._jsonl.close()
         self._tensorboard.close()
+        if self._wandb_sink is not None:
+            self._wandb_sink.close()
 
     def __enter__(self) -> "MetricsWriter":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class WandbSink:
+    """A Weights & Biases run in <workdir>/wandb: the config at its start, then each row's
+    scalars and histograms. One W&B run per run folder: its id is kept there, so a resumed
+    run continues it (online, W&B drops a row whose step it already holds: the rows a killed
+    run logged after its last checkpoint keep their first values there, unlike
+    metrics.jsonl, where the rerun's replace them)."""
+
+    def __init__(self, workdir: pathlib.Path, config) -> None:
+        import wandb  # the optional extra, imported only when config.log.wandb asks for it
+
+        self._wandb, log = wandb, config.log
+        folder = workdir / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+        id_file = folder / "asyncrl_run_id"
+        if not id_file.exists():
+            id_file.write_text(secrets.token_hex(4))
+        try:
+            self._run = wandb.init(
+                project=log.wandb_project, entity=log.wandb_entity or None, mode=log.wandb_mode,
+                dir=str(workdir), name=workdir.name, id=id_file.read_text().strip(),
+                resume="allow", config=config_json(config),
+                # console="off": the console is the progress bar's, which W&B would capture
+                # line by line; root_dir: where W&B looks for the git commit it records.
+                settings=wandb.Settings(console="off", root_dir=os.getcwd()))
+        except wandb.errors.Error as error:
+            raise UserError(f"config.log.wandb: Weights & Biases did not start: {error} "
+                            f"(--config.log.wandb_mode=offline logs under {folder} with no "
+                            f"account, for `wandb sync` later)") from error
+
+    def write(self, step: int, scalars: dict[str, float], histograms: dict[str, np.ndarray]) -> None:
+        row: dict[str, Any] = dict(scalars)
+        row.update({name: self._wandb.Histogram(values)
+                    for name, values in histograms.items() if values.size})
+        self._run.log(row, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+        # W&B's service process would otherwise live on until this process exits.
+        self._wandb.teardown()
 
 
 def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:

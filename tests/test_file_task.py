@@ -14,6 +14,7 @@ import pytest
 
 from asyncrl.run import run
 from asyncrl.metrics import read_metrics
+from tests.test_metrics import undocumented
 from tests.test_system import ROOT, tiny
 
 STEPS, EVERY, SAMPLES = 4, 2, 4
@@ -51,6 +52,8 @@ def test_evaluation_during_training_is_in_the_metrics(file_run):
     assert row[f"eval_pass@{SAMPLES}"] >= row["eval_pass@1"]
     assert [e["step"] for e in results["evals"]] == [EVERY]
     assert set(results["after"]["pass_at"]) == {1, SAMPLES}
+    # Every metric a run logs, evaluations during it included, is in the glossary.
+    assert not undocumented({key for r in rows for key in r}), "add it to docs/metrics.md"
     assert (workdir / "tfds").is_dir()  # the files were prepared as TFDS data
 
 
