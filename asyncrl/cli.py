@@ -3,6 +3,7 @@ no traceback (see asyncrl.errors.UserError). Any other exception is a bug and ke
 traceback.
 
     _CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file.")
+    # or define_config_flag(..., print_flag=True): --print_config prints it and exits
     if __name__ == "__main__":
         run_main(main)              # absl entry points: python -m asyncrl.main, .eval, .sim
         exit_on_user_error(main)    # argparse scripts (benchmarks/); see int_at_least
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import sys
@@ -31,13 +33,39 @@ from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
 from asyncrl.config_args import MOVED_FIELDS, ConfigError
 from asyncrl.errors import UserError
+from asyncrl.run_folder import config_json
 
 EXIT_USER_ERROR = 2  # as argparse's usage errors; a crash exits 1
 
+# The flags this module defines for an entry point (--config, --print_config) belong to that
+# entry point: absl's --help lists only the main module's flags.
+flags.disclaim_key_flags()
+# (--print_<name> flag, its config flag): run_main prints the config instead of running main.
+_PRINT_FLAGS: list[tuple[flags.FlagHolder, flags.FlagHolder]] = []
 
-def run_main(main: Callable[[list[str]], Any]) -> None:
-    """absl's `app.run(main)`, with a user error, a refused flag included, ended as one line."""
-    exit_on_user_error(lambda: app.run(main, flags_parser=parse_flags))
+def run_main(main: Callable[[list[str]], Any], optional_config: str | None = None) -> None:
+    """absl's `app.run(main)`, with a user error, a refused flag included, ended as one line.
+
+    `optional_config`: a config flag (`define_config_flag(None, ...)`) the command can do
+    without, finding the config itself (a run folder's run.json). When it is not given, its
+    `--<name>.<field>` overrides are set aside for `with_flag_overrides`, not refused as
+    flags absl does not know (ml_collections defines them only once a config file is read).
+    """
+    parser = parse_flags if optional_config is None else (
+        lambda argv: _parse_setting_overrides_aside(argv, optional_config))
+    exit_on_user_error(lambda: app.run(_unless_printing(main), flags_parser=parser))
+
+
+def _unless_printing(main: Callable[[list[str]], Any]) -> Callable[[list[str]], Any]:
+    def run(argv: list[str]) -> Any:
+        for printing, config in _PRINT_FLAGS:
+            if printing.value:
+                # JSON, as run.json records a run's config: what a rerun or a diff reads back.
+                print(json.dumps(config_json(config.value), indent=2))
+                return None
+        return main(argv)
+
+    return run
 
 
 def exit_on_user_error(entry: Callable[[], Any]) -> Any:
@@ -59,6 +87,48 @@ def parse_flags(argv: list[str]) -> list[str]:
         return flags.FLAGS(argv)
     except flags.Error as error:
         raise UserError(_flag_error_message(error)) from error
+
+
+_SET_ASIDE: dict[str, list[str]] = {}  # config flag name -> its overrides, as given
+
+
+def _parse_setting_overrides_aside(argv: list[str], name: str) -> list[str]:
+    argv = flags.FLAGS.read_flags_from_files(argv, force_gnu=False)
+    if _config_file_given(name, argv):
+        return parse_flags(argv)  # ml_collections reads the overrides with the file
+    override = re.compile(rf"-{{1,2}}(no)?{re.escape(name)}\.")
+    kept, aside, value_next = argv[:1], [], False
+    for arg in argv[1:]:
+        if override.match(arg):
+            aside.append(arg)
+            # `--config.x value`, unless a bare boolean (`--config.x`) before the next flag
+            value_next = "=" not in arg
+        elif value_next and not arg.startswith("-"):
+            aside.append(arg)
+            value_next = False
+        else:
+            kept.append(arg)
+            value_next = False
+    _SET_ASIDE[name] = aside
+    return parse_flags(kept)
+
+
+def with_flag_overrides(config: ml_collections.ConfigDict,
+                        name: str = "config") -> ml_collections.ConfigDict:
+    """`config` (one the command found itself, e.g. `run_folder.stored_config`) with the
+    `--<name>.<field>` overrides `run_main` set aside, applied as ml_collections applies them
+    to a config file's: each value parsed as its field's type, a field that does not exist a
+    ConfigError naming it and the fields near it."""
+    args = _SET_ASIDE.get(name, [])
+    for dotted in _overrides(name, args):
+        _check_field(config, name, dotted)
+    holder = flags.FlagValues()  # the flags of this config alone, apart from the command's
+    config_flags.DEFINE_config_dict(name, config, flag_values=holder, sys_argv=["", *args])
+    try:
+        holder(["", *args])
+    except flags.Error as error:
+        raise UserError(_flag_error_message(error)) from error
+    return holder[name].value
 
 
 def _flag_error_message(error: flags.Error) -> str:
@@ -85,17 +155,27 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-def define_config_flag(default: str | None, help_string: str, name: str = "config"):
+def define_config_flag(default: str | None, help_string: str, name: str = "config",
+                       print_flag: bool = False):
     """`config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)`, but a
     missing config file or an override naming no field (`--config.train.stepz=3`) is a
-    ConfigError naming it and the fields near it."""
+    ConfigError naming it and the fields near it. `print_flag`: also --print_<name>, which
+    prints the resolved config (overrides applied) as JSON and exits 0 before the entry
+    point's main runs: nothing is loaded or written."""
     parser = _CheckedConfigFileParser(name)
     if default is not None and not _config_file_given(name, sys.argv):
         # ml_collections then loads the default file and applies the overrides right here, at
         # import, before any entry point could catch what it raises: check them first.
         exit_on_user_error(lambda: parser.parse(default))
-    holder = config_flags.DEFINE_config_file(name, default, help_string, lock_config=True)
+    holder = config_flags.DEFINE_config_file(
+        name, default, f"{help_string.rstrip('.')}. Given as path[:arg]; set any field with "
+        f"--{name}.<section>.<field>=<value> (e.g. --{name}.train.steps=30); a misspelt "
+        f"field is an error.", lock_config=True)
     flags.FLAGS[name].parser = parser  # parses the --config given on the command line
+    if print_flag:
+        _PRINT_FLAGS.append((flags.DEFINE_bool(
+            f"print_{name}", False, f"Print the resolved --{name}, its overrides applied, as "
+            f"JSON and exit (nothing is loaded or written)."), holder))
     return holder
 
 

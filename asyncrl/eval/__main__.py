@@ -1,5 +1,10 @@
-"""Held-out evaluation of a policy: python -m asyncrl.eval --config=… --checkpoint=…
+"""Held-out evaluation of a policy: python -m asyncrl.eval --checkpoint=runs/grpo
 
+    --config=experiments/grpo.py:tiny      the config: optional for a run folder, whose
+                                           run.json holds the one it was trained with;
+                                           given, it wins (a warning names the fields where
+                                           it differs); needed for a model file
+    --config.eval.heldout_size=50          any field, on either config
     --split=validation                     the task's validation split (the default), or
     --split=test                           its test split: the figure to report, once the
                                            settings are chosen on validation
@@ -31,47 +36,16 @@ from absl import app, flags  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.run_checkpoint import checkpoint_config, load_params  # noqa: E402
 
-_CONFIG = define_config_flag("experiments/grpo.py", "Experiment config file (get_config(arg)).")
+_CONFIG = define_config_flag(None, "Experiment config file (get_config(arg)); default: the "
+                             "run.json of the run folder --checkpoint names.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", None, "A run's workdir or checkpoint, a Hugging Face folder, a .gguf file or "
     "'embedded'.", required=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Where the JSON figures go.")
 _SPLIT = flags.DEFINE_enum("split", "validation", ["validation", "test"],
                            "Which held-out split of the task to evaluate.")
-
-
-def _trainer_checkpoint(path: pathlib.Path) -> pathlib.Path | None:
-    """The Orbax checkpoint root or step folder that `path` names, if it names one."""
-    if (path / "checkpoints").is_dir():
-        return path / "checkpoints"
-    if path.is_dir() and not (path / "config.json").exists():
-        return path  # a checkpoints root or one step: the restore says which, or what is wrong
-    return None
-
-
-def load_params(c, checkpoint: str):
-    """(policy, params, default output folder) for `checkpoint`; the config's model section
-    describes the architecture a trainer checkpoint was saved from."""
-    from asyncrl.policy import load_policy
-    from asyncrl.run import train_config
-    from asyncrl.train.checkpoint import CheckpointError, restore_params
-    from asyncrl.train.trainer import Trainer, trainer_mesh
-
-    path = pathlib.Path(checkpoint)
-    if checkpoint != "embedded" and not path.exists():
-        raise CheckpointError(f"checkpoint {path}: does not exist")
-    root = None if checkpoint == "embedded" else _trainer_checkpoint(path)
-    if root is None:  # a model file or folder: it is the policy
-        c.model.checkpoint = checkpoint
-        policy = load_policy(c.model)
-        return policy, policy.params, pathlib.Path.cwd() if checkpoint == "embedded" else path.parent
-    policy = load_policy(c.model)  # the architecture the trainer checkpoint was saved from
-    trainer = Trainer.create(train_config(c), policy.config,
-                             trainer_mesh(jax.devices()[:c.mesh.trainer_devices]), c.rollout.group_size)
-    params, step = restore_params(trainer, root)
-    print(f"restored step {step} from {root}")
-    return policy, params, root.parent if root.name == "checkpoints" else path
 
 
 def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
@@ -100,8 +74,9 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    evaluate_checkpoint(_CONFIG.value, _CHECKPOINT.value, _OUTPUT.value, _SPLIT.value)
+    c = checkpoint_config(_CONFIG.value, _CHECKPOINT.value)
+    evaluate_checkpoint(c, _CHECKPOINT.value, _OUTPUT.value, _SPLIT.value)
 
 
 if __name__ == "__main__":
-    run_main(main)
+    run_main(main, optional_config="config")

@@ -89,6 +89,19 @@ CHAT_FORMATS: dict[str, Callable[..., str]] = {
 }
 # The token that ends an assistant turn in each format.
 END_OF_TURN = {"chatml": "<|im_end|>", "llama3": "<|eot_id|>"}
+# The formats as Jinja, for a checkpoint that must carry the template its prompts were
+# rendered with (asyncrl.export): each renders what its function above renders, called as a
+# run calls it (no default system turn). Llama 3's writes <|begin_of_text|> as text, as the
+# function does, whatever the tokenizer's bos_token.
+NAMED_TEMPLATES = {
+    "chatml": "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+              "message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "llama3": "{{ '<|begin_of_text|>' }}{% for message in messages %}{{ '<|start_header_id|>' + "
+              "message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + "
+              "'<|eot_id|>' }}{% endfor %}{% if add_generation_prompt %}"
+              "{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}",
+}
 
 
 def format_chat(messages: Sequence[Message], chat_format: str = "chatml", **kwargs) -> str:
@@ -140,8 +153,8 @@ def _environment() -> ImmutableSandboxedEnvironment:
 
 
 _JINJA = _environment()
-_TOKENIZER_CONFIG = "tokenizer_config.json"
-_TEMPLATE_FILE = "chat_template.jinja"  # transformers' file for it; wins over the config's entry
+TOKENIZER_CONFIG = "tokenizer_config.json"
+TEMPLATE_FILE = "chat_template.jinja"  # transformers' file for it; wins over the config's entry
 # The named special tokens transformers hands every template (SPECIAL_TOKENS_ATTRIBUTES).
 _SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token",
                    "mask_token")
@@ -191,7 +204,7 @@ def _no_template(where: str) -> ModelFileError:
 def _from_hf_folder(folder: Path) -> ChatTemplate:
     if not folder.is_dir():
         raise ModelFileError(f"{folder}: neither a checkpoint folder nor a .gguf file")
-    config_path = folder / _TOKENIZER_CONFIG
+    config_path = folder / TOKENIZER_CONFIG
     config = {}
     if config_path.is_file():
         try:
@@ -205,14 +218,14 @@ def _from_hf_folder(folder: Path) -> ChatTemplate:
             token = token.get("content")
         if isinstance(token, str):
             special[name] = token
-    template_file = folder / _TEMPLATE_FILE
+    template_file = folder / TEMPLATE_FILE
     if template_file.is_file():
         return ChatTemplate(template_file.read_text(encoding="utf-8"), template_file, special)
     if not config_path.is_file():
         raise _no_template(f"{config_path}: file not found")
     text = config.get("chat_template")
     if text is None:
-        raise _no_template(f"{config_path}: no 'chat_template' key, and no {_TEMPLATE_FILE} "
+        raise _no_template(f"{config_path}: no 'chat_template' key, and no {TEMPLATE_FILE} "
                            "beside it")
     if isinstance(text, list):  # [{"name", "template"}, ...]: transformers renders "default"
         named = {t.get("name"): t.get("template") for t in text if isinstance(t, dict)}
@@ -269,3 +282,12 @@ def resolve_chat_template(setting: str, checkpoint: str | os.PathLike | None
                          f"has no checkpoint; name one of {sorted(CHAT_FORMATS)}, or '' for raw "
                          "prompts")
     return ChatTemplate.from_checkpoint(checkpoint).render
+
+
+def chat_template_text(setting: str, checkpoint: str | os.PathLike | None) -> str | None:
+    """The Jinja text of the template `resolve_chat_template(setting, checkpoint)` renders
+    with, for a checkpoint written out; None for raw prompts. Errors as that function's."""
+    if setting in NAMED_TEMPLATES:
+        return NAMED_TEMPLATES[setting]
+    render = resolve_chat_template(setting, checkpoint)
+    return None if render is None else render.__self__.text  # ChatTemplate.render, bound

