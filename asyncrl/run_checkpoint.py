@@ -96,7 +96,7 @@ def load_params(c, checkpoint: str, step: int | None = None):
     import jax
 
     from asyncrl.policy import load_policy
-    from asyncrl.run import train_config
+    from asyncrl.train.settings import train_config
     from asyncrl.train.checkpoint import restore_params
     from asyncrl.train.trainer import Trainer, trainer_mesh
 

@@ -41,7 +41,7 @@ from asyncrl.rollout.engine import Engine  # noqa: E402
 from asyncrl.rollout.messages import Trajectory  # noqa: E402
 from asyncrl.rollout.slots import Slots  # noqa: E402
 from asyncrl.model.sampling import SamplingParams  # noqa: E402
-from asyncrl.run import train_config  # noqa: E402
+from asyncrl.train.settings import train_config  # noqa: E402
 from asyncrl.servers.parameters import ParameterServer  # noqa: E402
 from asyncrl.train.trainer import TrainBatch, Trainer, cast_floats  # noqa: E402
 from experiments.grpo import get_config  # noqa: E402

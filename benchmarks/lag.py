@@ -247,7 +247,7 @@ def main(argv=None) -> dict:
     import jax
 
     from asyncrl.config import with_overrides
-    from asyncrl.run import train_config
+    from asyncrl.train.settings import train_config
     from asyncrl.train.trainer import Trainer, trainer_mesh
 
     mesh = trainer_mesh(jax.devices()[:1])

@@ -17,8 +17,9 @@ import time
 import numpy as np
 import pytest
 
-from asyncrl.run import run, train_config
+from asyncrl.run import run
 from asyncrl.run.learning_signal import NoLearningSignal
+from asyncrl.train.settings import train_config
 from asyncrl.config import ConfigError, validate, with_overrides
 from asyncrl.metrics import read_metrics
 from asyncrl.rewards.registry import exact_answer

@@ -30,6 +30,8 @@ The last line printed is one JSON object. A placement that cannot fit ends with 
 """
 
 import os
+import subprocess
+import sys
 
 from asyncrl.host_devices import split_cpu_host
 
@@ -120,7 +122,7 @@ def trainer_part(c, model, accelerator) -> tuple[Part, dict]:
     import jax
     import jax.numpy as jnp
 
-    from asyncrl.run import train_config
+    from asyncrl.train.settings import train_config
     from asyncrl.train.trainer import Trainer, TrainBatch, batch_shardings, trainer_mesh
 
     devices = _devices(accelerator, accelerator.chips)
@@ -242,17 +244,22 @@ def rollout_part(c, model, accelerator) -> tuple[Part, dict]:
 HOST_WEIGHT_VERSIONS = 2
 
 
-def resident_bytes() -> float:
-    """This process's resident memory (Linux), 0 where /proc does not say."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(float(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return 0.0
+def run_import_bytes() -> float:
+    """A run's process's resident memory once the run's modules are imported, measured in a
+    child process: the planner needs none of the run's code, and a fresh process counts the
+    run's imports alone."""
+    code = ("import resource\nimport asyncrl.run\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")  # KiB on Linux
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"importing the run's modules in a child process failed: "
+                           f"{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
 
 
 def host_part(c, model, trainer: Part, rollout: Part, runtime_bytes: float) -> Part:
-    """A local CPU run's peak host memory, counted: the runtime (the planner's own resident
+    """A local CPU run's peak host memory, counted: the runtime (a process's resident
     memory once the run's modules are imported), the trainer's compiled step (master
     weights, Adam moments, the batch, temporaries; the policy copy when its dtype differs),
     HOST_WEIGHT_VERSIONS published weight versions shared by the instances, each instance's
@@ -301,9 +308,8 @@ def plan_host(c) -> dict:
     import jax
 
     from asyncrl import config as config_lib
-    import asyncrl.run  # noqa: F401  the run's modules: their import is part of its memory
 
-    runtime = resident_bytes()
+    runtime = run_import_bytes()
     config_lib.validate(c, device_count=len(jax.devices("cpu")), local_files=False)
     model, source = model_of(c)
     cpu = accelerators.parse("cpu")

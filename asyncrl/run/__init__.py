@@ -39,7 +39,6 @@ from asyncrl.distributed.trainer_ops import TrainerGroup
 from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
 from asyncrl.model import graphdef_for
-from asyncrl.model.sampling import SamplingParams
 from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
@@ -50,9 +49,9 @@ from asyncrl.run.progress import Progress
 from asyncrl.run.timing import Chrono
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.train.checkpoint import restore_or_init
-from asyncrl.train.losses import LossConfig
 from asyncrl.train.late_metrics import LateMetrics
-from asyncrl.train.trainer import TrainBatch, TrainConfig, Trainer
+from asyncrl.train.settings import train_config
+from asyncrl.train.trainer import TrainBatch, Trainer
 
 log = logging.getLogger(__name__)
 
@@ -366,22 +365,6 @@ def rollouts_for(c) -> tuple[Callable[..., Rollouts], Callable]:
 
         return ray_rollouts, RayInstances.place
     return local_rollouts, place
-
-
-def train_config(c) -> TrainConfig:
-    try:
-        loss = LossConfig(advantage=c.train.advantage, policy_loss=c.train.policy_loss,
-                          eps_low=c.train.eps_low or None, eps_high=c.train.eps_high or None,
-                          tis_cap=c.train.tis_cap or None, kl_coef=c.train.kl_coef,
-                          entropy_coef=c.train.entropy_coef, aggregation=c.train.aggregation)
-    except ValueError as error:  # checked here, not in config.validate: the losses need JAX
-        raise config_lib.ConfigError(f"config.train: {error}") from None
-    return TrainConfig(loss=loss, learning_rate=c.train.learning_rate,
-                       lr_schedule=c.train.lr_schedule, warmup_steps=c.train.warmup_steps,
-                       total_steps=c.train.steps, weight_decay=c.train.weight_decay,
-                       max_grad_norm=c.train.max_grad_norm,
-                       num_microbatches=c.train.num_microbatches, remat=c.train.remat,
-                       sampling=SamplingParams.of_rollout(c.rollout), seed=c.seed)
 
 
 def answer_check(c, policy) -> Callable[[list[int]], bool] | None:

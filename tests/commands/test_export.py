@@ -20,7 +20,7 @@ from asyncrl.export.hf import export_run
 from asyncrl.model import apply, graphdef_for, resolve_chat_template
 from asyncrl.model.chat import CHAT_FORMATS, NAMED_TEMPLATES, ChatTemplate
 from asyncrl.policy import load_policy
-from asyncrl.run import train_config
+from asyncrl.train.settings import train_config
 from asyncrl.run_checkpoint import checkpoint_config, load_params
 from asyncrl.run_folder import claim
 from asyncrl.train.checkpoint import Checkpointer, CheckpointError, ResumeData
