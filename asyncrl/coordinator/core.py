@@ -219,6 +219,7 @@ class Core:
             self._retry.append(self.server.prompt_id(entry))
             self.abort_entry(entry)
             return
+        self.counters.reward_errors += bool(event.error)
         self.server.set_reward(t, event.reward)
         # Counted (from the server the first time, e.g. after a restore), so that a group is
         # scanned once it may be complete, not at every reward.

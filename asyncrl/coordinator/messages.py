@@ -44,6 +44,7 @@ class Finished:
 class Scored:
     trajectory_id: int
     reward: float | None  # None: the reward could not be computed
+    # Why it failed; with a reward (0.0), why the reward raised on this response alone.
     error: str = ""
 
 

@@ -20,6 +20,7 @@ class Counters:
     migrated: int = 0
     aborted_entries: int = 0
     reward_failures: int = 0
+    reward_errors: int = 0  # responses the reward raised on alone: scored 0 and trained on
     filtered_groups: int = 0
     rerouted_after_failure: int = 0
     failed_instances: int = 0

@@ -163,8 +163,6 @@ class Rollouts:
         figures = {f"instance{i}_idle_frac": s.idle_s / max(s.idle_s + s.busy_s, 1e-9)
                    for i, s in enumerate(snapshots)}
         figures.update({k: float(v) for k, v in dataclasses.asdict(self.core.counters).items()})
-        # Responses the reward raised on (math-verify past its time limit): scored 0, counted.
-        figures["reward_errors"] = float(self.rewards.response_errors)
         pulls, pushes = list(self.parameters.pull_seconds), list(self.parameters.push_seconds)
         figures["pull_s_mean"] = float(np.mean(pulls)) if pulls else 0.0
         figures["push_s_mean"] = float(np.mean(pushes)) if pushes else 0.0

@@ -185,7 +185,7 @@ class ThreadedDriver:
                     f"split: {outcome.error}. Its reference answer (config.task's data) or the "
                     f"reward (config.task.reward) is broken")
             events.append(Scored(t, outcome.reward if outcome.ok else None,
-                                 "" if outcome.ok else str(outcome.error)))
+                                 outcome.response_error or "" if outcome.ok else str(outcome.error)))
         for instance in self.instances:
             state = instance.snapshot()
             if state.alive and not self._stalled(instance, state):

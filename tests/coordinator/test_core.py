@@ -233,6 +233,22 @@ def test_state_dict_resumes_partial_and_generated_work():
     assert not any(d.entry < 4 and not d.resume for d in of(Dispatch, out))  # none re-created
 
 
+def test_responses_the_reward_raised_on_are_counted_and_the_count_survives_a_resume():
+    core, server = make_core(eta=1, batch=2)
+    (dispatch, *_) = of(Dispatch, core.step(0.0, [state(0)]))
+    first, second = dispatch.trajectory_ids[:2]
+    for t in (first, second):
+        generate(server, t, 0)
+    core.step(0.0, [Scored(first, 0.0, "TimeoutError: parsing took over 5 s"), Scored(second, 1.0)])
+    assert core.counters.reward_errors == 1 and core.counters.reward_failures == 0
+    meta, arrays = server.state_dict()
+    saved = core.state_dict()
+    again, again_server = make_core(eta=1, batch=2)
+    again_server.load_state_dict(meta, arrays)
+    again.load_state_dict(saved)
+    assert again.counters.reward_errors == 1
+
+
 def test_a_checkpoint_of_another_admission_is_refused_naming_both():
     # A run resumed anyway (--resume_anyway) under another schedule: the barrier's
     # bookkeeping is not StaleFlow's, and a KeyError from deep inside would say nothing.

@@ -87,3 +87,15 @@ def test_a_response_the_reward_raised_on_is_scored_as_a_failure_not_a_stop():
     d.instances = []
     (scored,) = d._gather()
     assert scored.trajectory_id == t and scored.reward is None
+
+
+def test_a_response_the_reward_raised_on_alone_is_scored_0_with_its_reason():
+    server = TrajectoryServer()
+    (t,) = server.add_group(0, prompt_id=5, prompt=[1], group_size=1, max_new_tokens=4, v_traj=0)
+    d = ThreadedDriver(None, server, None, Outcomes((t, RewardOutcome(
+        0.0, response_error="TimeoutError: math_verify: parsing the response took over 5 s"))),
+        None, tick_s=0.0)
+    d.instances = []
+    (scored,) = d._gather()
+    assert (scored.reward, scored.error) == (0.0, "TimeoutError: math_verify: parsing the "
+                                                  "response took over 5 s")
