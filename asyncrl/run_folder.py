@@ -35,8 +35,10 @@ import ml_collections
 from asyncrl.errors import UserError, local_workdir
 
 RUN_FILE = "run.json"
-# What a folder holds once a run has used it; a folder with none of these is free to claim.
-_RUN_MARKERS = ("results.json", "checkpoints", "metrics.jsonl")
+# What a folder holds once a run got as far as its first evaluation. A run.json with none of
+# them beside it records an attempt that failed while it was being built (a model that did
+# not load, a data file refused): nothing depends on it, and the corrected rerun replaces it.
+_RUN_MARKERS = ("results.json", "metrics.jsonl")
 # The fields a run's state depends on: its weights and optimizer state, its data cursor and
 # its records mean nothing under other values. A section name covers every field in it.
 IDENTITY_FIELDS = (
@@ -48,7 +50,13 @@ IDENTITY_FIELDS = (
     "train.max_grad_norm",
     "rollout.group_size",
     "seed",
+    # What the checkpointed protocol and schedule were built for: their state cannot be
+    # restored under other values.
+    "staleness.eta", "train.batch_size", "coordinator.admission",
 )
+# Identity fields that name files: compared as the files they resolve to, so the same file
+# named relatively and absolutely, or from another directory, is the same run.
+_PATH_FIELDS = ("model.checkpoint", "task.train_path", "task.test_path")
 _PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -106,6 +114,9 @@ def identity_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
         for part in name.split("."):
             node = node.get(part) if isinstance(node, dict) else None
         fields.update(_flatten(name, node))
+    for name in _PATH_FIELDS:
+        if isinstance(fields.get(name), str) and os.path.exists(fields[name]):
+            fields[name] = os.path.realpath(fields[name])
     return fields
 
 
@@ -115,8 +126,10 @@ def check_identity(workdir: str | pathlib.Path, config: ml_collections.ConfigDic
     for a folder no run has used). Writes nothing."""
     folder = _usable_folder(workdir)
     record = _read_record(folder)
+    if record is not None and not _holds_run(folder):
+        return None  # a first attempt that failed before it wrote anything else
     if record is None:
-        if any((folder / marker).exists() for marker in _RUN_MARKERS) and not resume_anyway:
+        if _holds_run(folder) and not resume_anyway:
             raise RunFolderError(
                 f"workdir {folder} holds a run but no {RUN_FILE} (written by an asyncrl that "
                 f"recorded no identity): its config cannot be checked against this one; pass "
@@ -138,15 +151,26 @@ def claim(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
     folder = local_workdir(workdir)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if record is None:
-        record = {"experiment": experiment, "created": now, "code": code_version(),
-                  "config": config_json(config), "uses": []}
+        record = {"created": now, "code": code_version(), "uses": []}
     else:
         use = {"time": now, "code": code_version()}
         differences = _differences(record, config, experiment)
         if differences:
+            # From here on the run is this config's: later resumes need no flag, and eval
+            # and export read the config it now trains under. What it was stays here.
             use["resumed_anyway"] = differences
         record.setdefault("uses", []).append(use)
+        if not differences:
+            _write(folder, record)
+            return
+    record.update(_identity(config, experiment))
     _write(folder, record)
+
+
+def _identity(config: ml_collections.ConfigDict, experiment: str | None) -> dict[str, Any]:
+    """What run.json compares a later use against, besides the config it keeps whole."""
+    return {"experiment": experiment, "experiment_file": _experiment_file(experiment),
+            "config": config_json(config), "identity": identity_fields(config)}
 
 
 def stored_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict | None:
@@ -194,18 +218,34 @@ def _read_record(folder: pathlib.Path) -> dict | None:
 def _differences(record: dict, config: ml_collections.ConfigDict,
                  experiment: str | None) -> list[str]:
     found = []
-    if experiment and record.get("experiment") and record["experiment"] != experiment:
+    if experiment and record.get("experiment") and (
+            record.get("experiment_file"), record["experiment"].partition(":")[2]) != (
+            _experiment_file(experiment), experiment.partition(":")[2]):
         found.append(f"experiment {record['experiment']} (this run: {experiment})")
-    stored = ml_collections.ConfigDict(_tuples(record["config"]))
+    stored = record.get("identity")
+    if stored is None:  # a record written before identities were kept beside the config
+        stored = identity_fields(ml_collections.ConfigDict(_tuples(record["config"])))
     found += [f"config.{name} = {there!r} there, {here!r} here"
-              for name, here, there in identity_differences(config, stored)]
+              for name, here, there in _differing(identity_fields(config), stored)]
     return found
+
+
+def _experiment_file(experiment: str | None) -> str | None:
+    return None if not experiment else str(pathlib.Path(experiment.partition(":")[0]).resolve())
+
+
+def _holds_run(folder: pathlib.Path) -> bool:
+    return (any((folder / marker).exists() for marker in _RUN_MARKERS)
+            or any(p.name.isdigit() for p in (folder / "checkpoints").glob("*")))
 
 
 def identity_differences(here: ml_collections.ConfigDict, there: ml_collections.ConfigDict
                          ) -> list[tuple[str, Any, Any]]:
     """(field, value here, value there) for each identity field whose values differ."""
-    ours, theirs = identity_fields(here), identity_fields(there)
+    return _differing(identity_fields(here), identity_fields(there))
+
+
+def _differing(ours: dict[str, Any], theirs: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     return [(name, ours.get(name), theirs.get(name)) for name in sorted(ours.keys() | theirs.keys())
             if ours.get(name) != theirs.get(name)]
 

@@ -50,3 +50,18 @@ def test_one_group_with_signal_in_the_first_steps_means_nothing_is_said():
 def test_a_resumed_run_past_its_first_steps_is_not_looked_at():
     w = watch()
     assert [w.update(step, batch([[0, 0]])) for step in (7, 8, 9)] == [None] * 3
+
+
+def test_groups_dynamic_sampling_dropped_before_the_first_batches_are_named_once():
+    w = watch()
+    assert w.filtered(0, 5, batch_size=2) is None  # fewer than 3 batches' worth
+    said = w.filtered(0, 6, batch_size=2)
+    assert said.startswith("coordinator.dynamic_sampling dropped 6 groups whose 2 responses "
+                           "all scored alike before batch 1 formed")
+    assert w.filtered(0, 9, batch_size=2) is None
+
+
+def test_a_run_whose_batches_have_signal_is_not_named_for_what_dynamic_sampling_dropped():
+    w = watch()
+    assert w.update(1, batch([[0, 1]])) is None
+    assert w.filtered(1, 100, batch_size=2) is None

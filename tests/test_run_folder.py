@@ -38,6 +38,7 @@ def test_first_use_records_the_experiment_the_resolved_config_and_the_code(tmp_p
     assert record["code"]["commit"] and isinstance(record["code"]["dirty"], bool)  # a checkout
     assert stored_experiment(tmp_path) == TINY
     assert stored_config(tmp_path) == config  # tuples come back as tuples
+    (tmp_path / "metrics.jsonl").write_text("")  # the run got going
     claim(tmp_path, config, TINY)  # the same run again: one more use, nothing refused
     assert len(json.loads((tmp_path / RUN_FILE).read_text())["uses"]) == 1
 
@@ -51,6 +52,7 @@ def test_first_use_records_the_experiment_the_resolved_config_and_the_code(tmp_p
 ], ids=["seed", "model", "group-size", "optimizer", "task"])
 def test_a_config_differing_in_what_the_state_depends_on_is_refused(change, named, tmp_path):
     claim(tmp_path, grpo.get_config("tiny"), TINY)
+    (tmp_path / "checkpoints" / "6").mkdir(parents=True)
     before = tree(tmp_path)
     other = grpo.get_config("tiny")
     change(other)
@@ -67,17 +69,57 @@ def test_fields_a_checkpoint_restores_under_may_change(tmp_path):
     longer = grpo.get_config("tiny")
     longer.train.steps = 300  # train on
     longer.mesh.rollout_instances = 1
-    longer.staleness.eta = 1
+    longer.staleness.lead = "max"
     claim(tmp_path, longer, TINY)
+
+
+def test_the_protocol_a_checkpoint_holds_cannot_change_under_it(tmp_path):
+    claim(tmp_path, grpo.get_config("tiny"), TINY)
+    (tmp_path / "metrics.jsonl").write_text("")
+    other = grpo.get_config("tiny")
+    other.staleness.eta, other.train.batch_size = 1, 4
+    with pytest.raises(RunFolderError, match=r"config.staleness.eta = 2 there, 1 here; "
+                                             r"config.train.batch_size = 8 there, 4 here"):
+        claim(tmp_path, other, TINY)
+
+
+def test_a_first_attempt_that_failed_before_writing_anything_else_is_replaced(tmp_path):
+    # A model that did not load: the fix changes an identity field, and must not be refused.
+    claim(tmp_path, grpo.get_config("tiny"), TINY)
+    fixed = grpo.get_config("tiny")
+    fixed.model.param_dtype = "bfloat16"
+    claim(tmp_path, fixed, TINY)
+    assert stored_config(tmp_path).model.param_dtype == "bfloat16"
+    (tmp_path / "results.json").write_text("{}")  # now it has evaluated: the folder is its
+    with pytest.raises(RunFolderError, match="config.model.param_dtype = 'bfloat16' there"):
+        claim(tmp_path, grpo.get_config("tiny"), TINY)
+
+
+def test_a_file_named_two_ways_is_one_run(tmp_path, monkeypatch):
+    data = tmp_path / "data.jsonl"
+    data.write_text("")
+    monkeypatch.chdir(tmp_path)
+    config = grpo.get_config("tiny")
+    config.task.train_path = "data.jsonl"
+    run = tmp_path / "run"
+    claim(run, config, f"{ROOT}/experiments/grpo.py:tiny")
+    (run / "metrics.jsonl").write_text("")
+    config.task.train_path = str(data)
+    monkeypatch.chdir(ROOT)  # the same experiment file, named from elsewhere
+    claim(run, config, TINY)
 
 
 def test_resume_anyway_uses_the_folder_and_records_what_differed(tmp_path):
     claim(tmp_path, grpo.get_config("tiny"), TINY)
+    (tmp_path / "metrics.jsonl").write_text("")
     other = grpo.get_config("tiny")
     other.seed = 3
     claim(tmp_path, other, TINY, resume_anyway=True)
     use = json.loads((tmp_path / RUN_FILE).read_text())["uses"][-1]
     assert use["resumed_anyway"] == ["config.seed = 0 there, 3 here"]
+    # From then on the folder is that config's run: eval reads it, a resume needs no flag.
+    assert stored_config(tmp_path).seed == 3
+    claim(tmp_path, other, TINY)
 
 
 def test_a_folder_an_older_asyncrl_wrote_is_refused_unless_resumed_anyway(tmp_path):
@@ -185,5 +227,6 @@ def test_main_names_a_workdir_that_is_a_file(tmp_path):
 
 def test_the_sync_baseline_records_its_own_identity(tmp_path):
     claim(tmp_path, sync.get_config("tiny"), "experiments/baselines/sync.py:tiny")
+    (tmp_path / "results.json").write_text("{}")
     with pytest.raises(RunFolderError, match="experiment experiments/baselines/sync.py:tiny"):
         check_identity(tmp_path, grpo.get_config("tiny"), TINY)

@@ -165,6 +165,16 @@ def test_stop_without_signal_ends_the_run_with_the_reason(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [1, 2, 3]
 
 
+def test_dynamic_sampling_dropping_every_group_is_named_not_waited_on(tmp_path):
+    # Dynamic sampling drops each group without signal before a batch sees it: no batch
+    # would ever form, and the run would wait out train.batch_timeout_s in silence.
+    c = no_signal_config(train__steps=4, train__stop_without_signal=True,
+                         coordinator__dynamic_sampling=True)
+    with pytest.raises(NoLearningSignal, match=r"coordinator.dynamic_sampling dropped \d+ groups "
+                                               r"whose 16 responses all scored alike before batch 1"):
+        run(c, tmp_path)
+
+
 def test_eta_zero_reproduces_the_synchronous_barrier_baseline(tmp_path):
     runs = {}
     for schedule in ("staleflow", "barrier"):

@@ -195,8 +195,15 @@ class Lead:
         if step >= self.c.train.steps or stop.is_set():
             return None
         self.chrono.phase("wait")
+
+        def stop_waiting() -> bool:  # asked every half second while the batch is not there
+            if self.c.coordinator.dynamic_sampling:
+                self._nothing_to_learn(step, self.signal.filtered(
+                    step, self.rollouts.core.counters.filtered_groups, self.c.train.batch_size))
+            return stop.is_set()
+
         try:
-            self.batch = self.rollouts.wait_batch(step, self.c.train.batch_timeout_s, stop.is_set)
+            self.batch = self.rollouts.wait_batch(step, self.c.train.batch_timeout_s, stop_waiting)
         except StopRequested:
             log.warning("train: stopping at step %d (interrupted while waiting for a batch)", step)
             return None
@@ -209,19 +216,25 @@ class Lead:
         """Step `step` is trained: its figures, its weights published, maybe evaluated."""
         figures = describe_batch(self.batch, self.train_batch, self.stated)
         self.record.batch(step, figures)
-        if (nothing_to_learn := self.signal.update(step, figures)) is not None:
-            if self.c.train.stop_without_signal:
-                # Every step's row written before the run ends on it.
-                self.record.step(self.late.push(step, metrics))
-                self.record.step(self.late.flush())
-                raise NoLearningSignal(f"{nothing_to_learn} (the run stops: "
-                                       f"train.stop_without_signal is True)")
-            self.record.no_signal(step, nothing_to_learn)
+        nothing_to_learn = self.signal.update(step, figures)
+        if nothing_to_learn is not None and self.c.train.stop_without_signal:
+            # Every step's row written before the run ends on it.
+            self.record.step(self.late.push(step, metrics))
+            self.record.step(self.late.flush())
+        self._nothing_to_learn(step, nothing_to_learn)
         self.rollouts.publish(step, params)
         if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
             self.record.evaluating(step)
             submit_evaluation(self.background, self.rollouts, step, params)
         self.record.step(self.late.push(step, metrics))
+
+    def _nothing_to_learn(self, step: int, message: str | None) -> None:
+        """What LearningSignalWatch found, if anything: said once, or the run's end."""
+        if message is None:
+            return
+        if self.c.train.stop_without_signal:
+            raise NoLearningSignal(f"{message} (the run stops: train.stop_without_signal is True)")
+        self.record.no_signal(step, message)
 
     def checkpointing(self):
         """The resume data of a checkpoint about to be written."""

@@ -57,6 +57,21 @@ class LearningSignalWatch:
         self.done = True
         return self._message(step)
 
+    def filtered(self, step: int, filtered_groups: int, batch_size: int) -> str | None:
+        """With coordinator.dynamic_sampling, groups without signal are dropped before any
+        batch sees them: once the first `first_steps` batches' worth were dropped while those
+        batches have not formed, the one message to show (else None)."""
+        if self.done or step >= self.first_steps or \
+                filtered_groups < self.first_steps * batch_size:
+            return None
+        self.done = True
+        return (f"coordinator.dynamic_sampling dropped {filtered_groups} groups whose "
+                f"{self.group_size} responses all scored alike before batch {step + 1} formed: "
+                f"nothing the rollouts produce carries a learning signal ({self.instruction_fields} "
+                f"and task.reward = {self.reward!r} may disagree, or the task is solved or too "
+                f"hard for the model); a run without dynamic sampling logs the rewards and format "
+                f"rate that say which")
+
     def _message(self, step: int) -> str:
         seen = self._seen
         groups = sum(f["groups"] for f in seen)

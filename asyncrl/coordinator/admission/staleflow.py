@@ -50,6 +50,7 @@ Lead (`staleness.lead`): how far ahead of the trainer new work starts. η is a c
 
 from __future__ import annotations
 
+from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.admission.base import ADMISSIONS, Admission
 from asyncrl.coordinator.sync import SyncContext, SyncPolicy
 from asyncrl.staleness import BufferStatus, StalenessError, StalenessManager
@@ -229,8 +230,11 @@ class StaleFlow(Admission):
     def load_state_dict(self, state):
         sm = StalenessManager.from_state_dict(state["staleness"])
         if (sm.eta, sm.batch_size) != (self.sm.eta, self.sm.batch_size):
-            raise ValueError(f"the checkpoint's staleness protocol has η={sm.eta}, B={sm.batch_size}; "
-                             f"the config has η={self.sm.eta}, B={self.sm.batch_size}")
+            # A user's to fix (a run resumed anyway under other values): one line, no traceback.
+            raise ConfigError(f"the checkpoint's staleness protocol has η={sm.eta}, "
+                              f"B={sm.batch_size}; config.staleness.eta = {self.sm.eta}, "
+                              f"config.train.batch_size = {self.sm.batch_size}: resume with the "
+                              f"run's own values (its run.json)")
         self.sm = sm
         # A checkpoint of a run on accelerators resumed on a CPU keeps to one buffer.
         self.lead_entries = min(state.get("lead_entries", self.sm.redundant_batch_size),
