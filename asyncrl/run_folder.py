@@ -9,10 +9,13 @@ later one.
 the code version (the git commit and whether the tree was dirty, else the installed package's
 version), and one line per later use. A folder written by another experiment, or by a config
 that differs in a field the run's state depends on (IDENTITY_FIELDS: the model and its
-tokenizer, the task and its data, the optimizer, the group size, the seed), is refused with
-one line naming the folder and the differing fields, before anything is written there:
+tokenizer, the task and its data, the optimizer, the group size, the seed, and the protocol's
+η, batch size and admission), is refused with one line naming the folder and the differing
+fields, before anything is written there:
 resuming it would mix two runs' checkpoints, metrics and results into one record.
-`resume_anyway` (--resume_anyway) uses it all the same and records that it did.
+`resume_anyway` (--resume_anyway) uses it all the same, records what differed, and from then
+on the folder is the new config's run. A run.json beside nothing else a run writes records an
+attempt that failed while it was built; the next use replaces it.
 
 Other fields may change between uses (train.steps to train longer, the number of rollout
 instances, the schedule): a checkpoint restores under them. Import-light: main checks the
