@@ -122,13 +122,29 @@ def with_flag_overrides(config: ml_collections.ConfigDict,
     args = _SET_ASIDE.get(name, [])
     for dotted in _overrides(name, args):
         _check_field(config, name, dotted)
+        if _holds_none(config, dotted):
+            # ml_collections types an override by the field's value; a config file can give
+            # a None field its type (a placeholder), a stored config cannot.
+            raise ConfigError(f"--{name}.{dotted}: the stored config holds None there, so "
+                              f"its type is unknown and the value cannot be read; pass "
+                              f"--{name}=<a config file that sets it> instead")
     holder = flags.FlagValues()  # the flags of this config alone, apart from the command's
-    config_flags.DEFINE_config_dict(name, config, flag_values=holder, sys_argv=["", *args])
     try:
+        # Defining parses the overrides' values already (ml_collections reads sys_argv).
+        config_flags.DEFINE_config_dict(name, config, flag_values=holder, sys_argv=["", *args])
         holder(["", *args])
     except flags.Error as error:
         raise UserError(_flag_error_message(error)) from error
     return holder[name].value
+
+
+def _holds_none(config: ml_collections.ConfigDict, dotted: str) -> bool:
+    node = config
+    for part in dotted.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or "[" in part:
+            return False  # inside a list, a dict or a dataclass: typed as ml_collections types it
+        node = node[part]
+    return node is None
 
 
 def _flag_error_message(error: flags.Error) -> str:

@@ -6,7 +6,9 @@
                                            checkpoints folder, or one step folder in it)
     --step=12                              that step of the run folder instead
     --out=DIR                              an existing folder that is not empty is refused,
-    --overwrite                            unless this: replaced once the new one is whole
+    --overwrite                            unless it holds an earlier export (the files below
+                                           and no others) and this: replaced once the new
+                                           one is whole
     --config=experiments/grpo.py:tiny      optional: the run folder's run.json holds the
                                            config it was trained with; given, it wins (as
                                            for python -m asyncrl.eval)
@@ -38,7 +40,8 @@ _CHECKPOINT = flags.DEFINE_string(
 _OUT = flags.DEFINE_string("out", None, "The Hugging Face folder to write.", required=True)
 _STEP = flags.DEFINE_integer("step", None, "The checkpoint step to export (default: the "
                              "latest).", lower_bound=0)
-_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out when it is not empty.")
+_OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out when it holds an earlier "
+                               "export (its files and no others).")
 
 
 def main(argv):

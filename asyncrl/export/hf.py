@@ -27,32 +27,38 @@ from tokenizers import processors
 
 from asyncrl.config_args import ConfigError
 from asyncrl.errors import UserError
-from asyncrl.model.chat import chat_template_text
+from asyncrl.model.chat import TEMPLATE_FILE, TOKENIZER_CONFIG, chat_template_text
 from asyncrl.model.loading import export_hf
 from asyncrl.run_checkpoint import checked_path, load_params, trainer_checkpoint
+
+# An export's folder, as export_hf writes it: what `--overwrite` may replace, and nothing else.
+_REQUIRED = frozenset({"config.json", "model.safetensors"})
+_WRITTEN = _REQUIRED | {"tokenizer.json", TOKENIZER_CONFIG, TEMPLATE_FILE, "generation_config.json"}
 
 
 def export_run(c, checkpoint: str, out: str | pathlib.Path, step: int | None = None,
                overwrite: bool = False) -> pathlib.Path:
     """Writes `checkpoint`'s policy (its latest step, or `step`) to `out`, printing what it
-    wrote. `out` existing and not empty is refused unless `overwrite`; it is replaced only
-    once the new folder is whole, so a failed export loses nothing."""
+    wrote. `out` not empty is refused unless it holds an earlier export (the files this writes
+    and no others) and `overwrite`; it is replaced only once the new folder is whole, so a
+    failed export loses nothing."""
     out = pathlib.Path(out)
-    # Before the restore: a refusal costs nothing.
-    _check_out(out, overwrite, require_trainer_checkpoint(checkpoint))
+    # Before the restore: a refusal costs nothing. The folder written is the resolved one:
+    # `.` has no name to put the partial folder beside.
+    target = _check_out(out, overwrite, require_trainer_checkpoint(checkpoint))
     policy, params, _ = load_params(c, checkpoint, step)
     template = _chat_template(c, policy.source)
     tokenizer = policy.tokenizer if template is not None else _starting_with_bos(
         policy.tokenizer, policy.config.bos_token_id)
     source = policy.source if policy.source is not None and policy.source.is_dir() else None
-    partial = out.with_name(f".{out.name}.partial")
+    partial = target.with_name(f".{target.name}.partial")
     try:
         shutil.rmtree(partial, ignore_errors=True)
         export_hf(partial, policy.config, jax.device_get(params), tokenizer,
                   chat_template=template, tokenizer_source=source, generation=_generation(c))
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
     except OSError as error:
         raise UserError(f"--out={out}: cannot write {error.filename or out}: "
                         f"{error.strerror or error}") from None
@@ -71,15 +77,37 @@ def require_trainer_checkpoint(checkpoint: str) -> pathlib.Path:
     return pathlib.Path(checkpoint)
 
 
-def _check_out(out: pathlib.Path, overwrite: bool, checkpoint: pathlib.Path) -> None:
+def _check_out(out: pathlib.Path, overwrite: bool, checkpoint: pathlib.Path) -> pathlib.Path:
+    """`out` resolved, once it is a folder writing may replace: a new or empty one, or (with
+    `overwrite`) an export's, the files only this command writes there."""
+    target = out.resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out={out} is a file, not a folder")
-    if checkpoint.resolve().is_relative_to(out.resolve()):
+    if pathlib.Path.cwd().is_relative_to(target):
+        raise UserError(f"--out={out} is {target}, the current folder or one holding it, "
+                        f"which writing there would replace; choose a folder of its own, e.g. "
+                        f"--out=hf")
+    if checkpoint.resolve().is_relative_to(target):
         raise UserError(f"--out={out} holds the checkpoint {checkpoint}, which writing there "
                         f"would replace; choose a folder of its own, e.g. --out={out / 'hf'}")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out={out} exists and is not empty; choose another --out, or pass "
+    held = sorted(target.iterdir()) if target.is_dir() else []
+    if not held:
+        return target
+    foreign = [path for path in held
+               if path.name not in _WRITTEN or path.is_symlink() or not path.is_file()]
+    missing = _REQUIRED - {path.name for path in held}
+    if foreign or missing:
+        shown = foreign or held
+        listed = ", ".join(path.name + ("/" if path.is_dir() else "") for path in shown[:5])
+        more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
+        why = "which no export writes" if foreign else f"but no {' or '.join(sorted(missing))}"
+        raise UserError(f"--out={out} holds {listed}{more}, {why}: --overwrite replaces only "
+                        f"an earlier export's folder ({', '.join(sorted(_WRITTEN))}; "
+                        f"{' and '.join(sorted(_REQUIRED))} among them); choose another --out")
+    if not overwrite:
+        raise UserError(f"--out={out} holds an export already; choose another --out, or pass "
                         f"--overwrite to replace it (once the new folder is written)")
+    return target
 
 
 def _chat_template(c, source: pathlib.Path | None) -> str | None:

@@ -39,6 +39,20 @@ def test_an_override_of_the_stored_config_is_checked_as_the_config_flag_checks(t
     assert "--config.eval.heldout_size=many: invalid literal for int()" in mistyped
 
 
+def test_an_override_of_a_field_stored_as_none_asks_for_a_config_file(tiny_run):
+    _, workdir, _ = tiny_run
+    field = "coordinator.admission_params.verl.staleness_threshold"
+    stored = checkpoint_config(None, str(workdir))
+    assert stored.coordinator.admission_params.verl.staleness_threshold is None  # so no type
+    for module, *args in (("asyncrl.eval",), ("asyncrl.export", "--out=unwritten")):
+        done = command(module, f"--checkpoint={workdir}", f"--config.{field}=0.5", *args)
+        assert "restored step" not in done.stdout
+        assert one_error_line(done) == (
+            f"error: --config.{field}: the stored config holds None there, so its type is "
+            f"unknown and the value cannot be read; pass --config=<a config file that sets it> "
+            f"instead")
+
+
 def test_a_folder_that_records_no_config_asks_for_one(tmp_path):
     (tmp_path / "old" / "checkpoints").mkdir(parents=True)
     message = one_error_line(command("asyncrl.eval", f"--checkpoint={tmp_path / 'old'}"))

@@ -27,6 +27,7 @@ from asyncrl.train.checkpoint import Checkpointer, CheckpointError, ResumeData
 from asyncrl.train.trainer import Trainer, trainer_mesh
 from experiments.grpo import get_config
 from tests.commands.conftest import STEPS, command, one_error_line
+from tests.test_system import ROOT
 from tests.model import checkpoints
 from tests.model.test_chat_template import CONVERSATIONS, SMOLLM2, reference
 
@@ -173,19 +174,62 @@ def test_the_tiny_run_exports_its_raw_prompts_tokenizer(tiny_run, tmp_path):
             policy.decode(list(prompt) + [2]) == question
 
 
-def test_an_existing_folder_is_replaced_only_when_asked(tiny_run, tmp_path):
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(tiny_run, tmp_path):
     _, workdir, _ = tiny_run
+    stored = checkpoint_config(None, str(workdir))
     out = tmp_path / "hf"
-    out.mkdir()
-    (out / "notes.txt").write_text("mine")
-    message = one_error_line(command("asyncrl.export", f"--checkpoint={workdir}", f"--out={out}"))
-    assert message == (f"error: --out={out} exists and is not empty; choose another --out, or "
-                       f"pass --overwrite to replace it (once the new folder is written)")
-    assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # nothing written beside it
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
-    export_run(checkpoint_config(None, str(workdir)), str(workdir), out, overwrite=True)
+    export_run(stored, str(workdir), out)
+    done = command("asyncrl.export", f"--checkpoint={workdir}", f"--out={out}")
+    assert one_error_line(done) == (f"error: --out={out} holds an export already; choose another "
+                                    f"--out, or pass --overwrite to replace it (once the new "
+                                    f"folder is written)")
+    assert "restored step" not in done.stdout
+    (out / "model.safetensors").write_bytes(b"an older export")
+    export_run(stored, str(workdir), out, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == sorted(VLLM_FILES)
+    assert (out / "model.safetensors").read_bytes() != b"an older export"
     assert [p.name for p in tmp_path.iterdir()] == ["hf"]  # no partial folder left behind
+
+    # A folder of exports, or an export with a file of the user's in it: kept, whatever
+    # --overwrite says, and refused before anything is restored.
+    (out / "notes.txt").write_text("mine")
+    done = command("asyncrl.export", f"--checkpoint={workdir}", f"--out={tmp_path}", "--overwrite")
+    assert "restored step" not in done.stdout
+    assert one_error_line(done) == (
+        f"error: --out={tmp_path} holds hf/, which no export writes: --overwrite replaces only "
+        f"an earlier export's folder (chat_template.jinja, config.json, generation_config.json, "
+        f"model.safetensors, tokenizer.json, tokenizer_config.json; config.json and "
+        f"model.safetensors among them); choose another --out")
+    with pytest.raises(UserError, match=rf"--out={out} holds notes.txt, which no export writes"):
+        export_run(stored, str(workdir), out, overwrite=True)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted({*VLLM_FILES, "notes.txt"})
+    (out / "notes.txt").unlink()
+    (out / "model.safetensors").unlink()  # not an export: what the folder holds is unknown
+    with pytest.raises(UserError, match=rf"--out={out} holds config.json, generation_config.json, "
+                                        rf"tokenizer.json, tokenizer_config.json, but no "
+                                        rf"model.safetensors: "):
+        export_run(stored, str(workdir), out, overwrite=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["hf"]
+
+
+def test_the_current_folder_and_a_checkpoint_s_parents_are_refused(tiny_run, tmp_path,
+                                                                     monkeypatch):
+    c, workdir, _ = tiny_run
+    done = command("asyncrl.export", f"--checkpoint={workdir}", "--out=.", "--overwrite")
+    assert one_error_line(done) == (f"error: --out=. is {ROOT}, the current folder or one "
+                                    f"holding it, which writing there would replace; choose a "
+                                    f"folder of its own, e.g. --out=hf")
+    assert "restored step" not in done.stdout
+    monkeypatch.chdir(workdir / "checkpoints")
+    with pytest.raises(UserError, match=rf"--out=\.\. is {workdir}, the current folder or one "):
+        export_run(c, str(workdir), "..", overwrite=True)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UserError, match=rf"--out={workdir.parent} holds the checkpoint "
+                                        rf"{workdir}, "):
+        export_run(c, str(workdir), workdir.parent, overwrite=True)
+    assert (workdir / "checkpoints" / str(STEPS)).is_dir()
+    assert not any(tmp_path.iterdir())
 
 
 def test_refusals_name_what_to_change(tiny_run, tmp_path):
