@@ -21,7 +21,7 @@ Grammar (over the tokens; `WORD` is a run of letters, `NUMBER` an integer or dec
 
     answer    := item ((',' | ';') item)*     several items: a LIST
     item      := [LETTER '='] expr unit* ['.']
-    unit      := WORD ['^' NUMBER | '^' '{' NUMBER '}'] | '%' | '^\circ'
+    unit      := (WORD | UNIT) ['^' NUMBER | '^' '{' NUMBER '}'] | '%' | '^\circ'
     expr      := term (('+' | '-') term)*
     term      := signed (('*' | '/') signed | atom)*    (`\times` `\cdot` are '*', `\div` '/';
                                                        an atom right after: a product, 2\sqrt{3})
@@ -33,8 +33,11 @@ Grammar (over the tokens; `WORD` is a run of letters, `NUMBER` an integer or dec
     group     := '{' expr '}'                   (`\frac12`: a bare digit is its own group)
 
 A unit is a word after the value: one from a text command, or of two letters or more
-(`50 \text{ m}`, `50 apples`; `2x` is not 2). "or", "either", "maybe", "perhaps" and
-`\lor` / `\vee` anywhere make ALTERNATIVES; "and", "plus", "about", … are never units.
+(`50 \text{ m}`, `50 apples`; `2x` is not 2). A text command whose content is words joined by
+`/` or abbreviated with dots (`\text{ m/s}`, `\mathrm{km/h}`, `\text{ sq. ft}`) is one UNIT
+token, so `50 \text{ m/s}` is a literal and `25+25 \text{ sq. ft}` an operation. "or",
+"either", "maybe", "perhaps" and `\lor` / `\vee` anywhere make ALTERNATIVES; "and", "plus",
+"about", … are never units (nor part of a UNIT).
 
 What an answer is (`Reading.kind`):
     LITERAL       one signed integer or decimal (`50`, `-3`, `42.0`, `0.5`, `\$1,000`,
@@ -54,7 +57,10 @@ What an answer is (`Reading.kind`):
     OTHER         anything outside the grammar: variables, `\pi`, intervals, sets, words,
                   two numbers side by side, nothing at all, more than MAX_DEPTH nesting.
 
-`read_answer` never raises: whatever it cannot read is OTHER.
+`read_collection` reads the items of a LIST, or of one pair of brackets around the whole
+holding separators (a tuple `(3, 5)`, an interval `[1, 3)`, a set `\{3, 5\}`: OTHER above),
+each item as `read_answer` reads one: so `(\frac{6}{2}, 5)` is a tuple whose first item is
+ARITHMETIC. Neither function raises: whatever they cannot read is OTHER, or no collection.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ from __future__ import annotations
 import dataclasses
 import fractions
 import math
+import re
 import unicodedata
 
 Fraction = fractions.Fraction
@@ -102,6 +109,49 @@ def read_answer(text: str) -> Reading:
     if len(items) > 1:
         return Reading(LIST)
     return _read_item(items[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Collection:
+    """Several items, each read as an answer of its own (`Reading`), and what encloses them:
+    "" for a bare list (`3, 5`) else the opening and closing bracket as written without their
+    sizing: "()" for `(3, 5)`, "[)" for `[1, 3)`, "\\{\\}" for `\\{3, 5\\}`."""
+
+    brackets: str
+    items: tuple[Reading, ...]
+
+
+def read_collection(text: str) -> Collection | None:
+    """`text` as a list, tuple, interval or set of two items or more: separators at its top
+    level (a LIST), or inside one pair of brackets around the whole (`(3, 5)`, `\\{3, 5\\}`,
+    OTHER to `read_answer`); LaTeX's grouping braces around it are dropped. None otherwise, or
+    for ALTERNATIVES. Like `read_answer`, it never raises."""
+    if len(text) > MAX_CHARS:
+        return None
+    try:
+        tokens = _Lexer(normalize(text)).tokens()
+    except (_Unreadable, RecursionError):
+        return None
+    if any(t.kind == _OR for t in tokens):
+        return None
+    brackets = ""
+    while _enclosed(tokens) and not brackets:
+        brackets = "" if tokens[0].text == "{" else tokens[0].text + tokens[-1].text
+        tokens = tokens[1:-1]
+    items = _split_items(tokens)
+    if items is None or len(items) < 2:
+        return None
+    return Collection(brackets, tuple(_read_item(item) for item in items))
+
+
+def _enclosed(tokens: list[_Token]) -> bool:
+    """Whether the first token opens a bracket that the last token closes."""
+    depth = 0
+    for i, token in enumerate(tokens):
+        depth += (token.kind == _OPEN) - (token.kind == _CLOSE)
+        if depth == 0:
+            return i == len(tokens) - 1 and i > 0
+    return False
 
 
 def literal_value(text: str) -> Fraction | None:
@@ -259,7 +309,11 @@ class _Lexer:
             if name in ("left", "right") and text.startswith(".", self.i):
                 self.i += 1  # \left. : an invisible delimiter
         elif name in _TEXT_COMMANDS:
-            self.out.extend(_Lexer(self._group(), in_text=True).tokens())
+            content = self._group()
+            if _compound_unit(content):
+                self.out.append(_Token(_UNIT, content.strip()))
+            else:
+                self.out.extend(_Lexer(content, in_text=True).tokens())
         elif name in _COMMAND_TOKENS:
             kind, token_text = _COMMAND_TOKENS[name]
             self.out.append(_Token(kind, token_text))
@@ -311,6 +365,18 @@ class _Lexer:
         return False
 
 
+# Words joined by "/" or written with abbreviating dots: `m/s`, `sq. ft`, `km/h`.
+_COMPOUND = re.compile(r"\s*[A-Za-z]+\.?(?:\s*/\s*[A-Za-z]+\.?|\s+[A-Za-z]+\.?)*\s*")
+
+
+def _compound_unit(text: str) -> bool:
+    """Whether a text command's content is one unit of several words or abbreviations (a
+    single word is read as a word, and is a unit there anyway)."""
+    words = {word.lower() for word in re.findall(r"[A-Za-z]+", text)}
+    return (_COMPOUND.fullmatch(text) is not None and any(c in text for c in "./")
+            and not words & (_OR_WORDS | _NOT_UNITS))
+
+
 def _digits(text: str) -> bool:
     """Whether `text` is ASCII digits (normalize wrote every script's decimal digits so; a
     character that is a "digit" of no decimal system, ፩ or ①, is not one)."""
@@ -354,11 +420,11 @@ def _strip_dress(tokens: list[_Token]) -> list[_Token]:
         kinds = [t.kind for t in tokens[max(end - 6, 0):end]]
         if kinds[-1] == _UNIT:
             end -= 1
-        elif kinds[-3:] == [_WORD, _OP, _NUM] and tokens[end - 2].text == "^" \
+        elif kinds[-2:] == [_OP, _NUM] and tokens[end - 2].text == "^" and end > 2 \
                 and _is_unit(tokens[end - 3]):  # cm^2
             end -= 3
-        elif kinds[-5:] == [_WORD, _OP, _OPEN, _NUM, _CLOSE] and tokens[end - 4].text == "^" \
-                and _is_unit(tokens[end - 5]):  # cm^{2}
+        elif kinds[-4:] == [_OP, _OPEN, _NUM, _CLOSE] and tokens[end - 4].text == "^" \
+                and end > 4 and _is_unit(tokens[end - 5]):  # cm^{2}
             end -= 5
         elif _is_unit(tokens[end - 1]):
             end -= 1
@@ -368,8 +434,8 @@ def _strip_dress(tokens: list[_Token]) -> list[_Token]:
 
 
 def _is_unit(token: _Token) -> bool:
-    return (token.kind == _WORD and token.text.lower() not in _NOT_UNITS
-            and (token.in_text or len(token.text) > 1))
+    return token.kind == _UNIT or (token.kind == _WORD and token.text.lower() not in _NOT_UNITS
+                                   and (token.in_text or len(token.text) > 1))
 
 
 def _read_item(tokens: list[_Token]) -> Reading:

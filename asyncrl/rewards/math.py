@@ -1,19 +1,31 @@
 """Verifiable math rewards: `math_verify`, `gsm8k`, the format checks, and DAPO's overlong penalty.
 
-The model is asked for its final answer in `\\boxed{}`; every reward here reads the *last*
-complete `\\boxed{...}` of the response and scores 0.0 when there is none (the `format`
-reward reports that miss on its own). The last box, because models often box an intermediate
-result before correcting it ("\\boxed{3}, wait, no: \\boxed{4}"); math-verify on its own
-would gather every box of a response into a set and grade "{3, 4}". Nothing is extracted from
-the rest of the text: math-verify's own extraction evaluates any expression it finds, so a
-response restating "29 + 55 - 36" would be paid for the gold 48. `math_verify_lenient` keeps
-that extraction for unboxed responses, by name only, and is graded strictly in evaluation.
+The model is asked for its final answer in `\\boxed{}`; every reward here and its format
+check reads the *final* box of the response (`final_boxed`, asyncrl/rewards/answers.py): the
+last complete `\\boxed{...}`, unless an earlier box of another value is offered beside it
+("\\boxed{49} or \\boxed{50}") or the text after takes it back ("\\boxed{50}. No wait, it's
+51."); it scores 0.0 when there is none (the `format` reward reports that miss on its own).
+The last box, because models often box an intermediate result before correcting it
+("\\boxed{3}, wait, no: \\boxed{4}" pays 4); math-verify on its own would gather every box of
+a response into a set and grade "{3, 4}". Nothing is extracted from the rest of the text:
+math-verify's own extraction evaluates any expression it finds, so a response restating
+"29 + 55 - 36" would be paid for the gold 48. `math_verify_lenient` keeps that extraction for
+responses with no closed box, by name only, and is graded strictly in evaluation.
 
-Where the gold is a number, the box is parsed, never evaluated (asyncrl/rewards/literal.py):
-only a literal equal to the gold pays (`\\frac{1}{2}` for 0.5, `1,000` for 1000), never an
-operation over literals (`34+21-5`, `100/2`, `2^{5}`, `\\sqrt{2500}`), and math-verify is not
-called at all. Where the gold is an expression (`\\frac{\\sqrt{3}}{2}`, an interval, a set),
-math-verify decides equivalence.
+The gold's own parse (asyncrl/rewards/literal.py) decides how the box is graded:
+  * a LITERAL gold (`48`, `0.5`, `\\frac{1}{2}`, `1,000`, `50 \\text{ sq. ft}`): the box is
+    parsed, never evaluated, and only a literal equal to it pays (`\\frac{1}{2}` for 0.5,
+    `1,000` for 1000), never an operation over literals (`34+21-5`, `100/2`, `2^{5}`,
+    `\\sqrt{2500}`); math-verify is not called;
+  * a list of literals (`3, 5`, `(3, 5)`, `[1, 3)`, `\\{3, 5\\}`): only a list whose every item
+    is a literal pays (`1+2, 5` does not), equal as a multiset for a bare list or a set
+    (`5, 3`, `\\{5, 3\\}`), item by item with the same brackets for a tuple or interval;
+    math-verify is not called;
+  * any other gold, an expression (`2^{10}`, `\\frac{6}{4}`, `\\frac{\\sqrt{3}}{2}`,
+    `(-\\infty, 2]`, `x^2+1`): math-verify decides equivalence, once the box holds one value
+    of a form the gold could take (`not_a_value`: an operation over literals only for a gold
+    that is one, so `2^{10}` and `1024` pay for `2^{10}`, `2^{5}` nothing for
+    `\\frac{\\sqrt{3}}{2}`).
 
 Failure semantics, shared with the worker pool (asyncrl/rewards/pool.py) and evaluation:
   * a wrong or unparsable *response* scores 0.0 (the model's fault: a real training signal);
@@ -35,8 +47,15 @@ from __future__ import annotations
 import fractions
 import threading
 
-from asyncrl.rewards.answers import NUMBER, as_number, could_be_paid, last_boxed, not_a_value
-from asyncrl.rewards.literal import number_value
+from asyncrl.rewards.answers import (
+    NUMBER,
+    as_number,
+    as_numbers,
+    final_boxed,
+    last_boxed,
+    not_a_value,
+)
+from asyncrl.rewards.literal import literal_value
 from asyncrl.rewards.registry import BOXED_REWARDS, FORMAT_CHECKS, REWARDS, STRICT_GRADERS
 
 # math-verify's own per-expression limit, enforced with SIGALRM (whole seconds). The pool's
@@ -97,9 +116,12 @@ def _gold(answer: str) -> list:
 
 
 def _verify_boxed(boxed: str, answer: str) -> float:
-    value = number_value(answer)
+    value = literal_value(answer)
     if value is not None:  # a number: only a literal equal to it pays
         return 1.0 if as_number(boxed) == value else 0.0
+    values = as_numbers(answer)
+    if values is not None:  # a list of numbers: only a list of literals equal to it pays
+        return 1.0 if as_numbers(boxed) == values else 0.0
     gold = _gold(answer)
     if not_a_value(boxed, answer) is not None:
         return 0.0
@@ -109,24 +131,27 @@ def _verify_boxed(boxed: str, answer: str) -> float:
 
 @REWARDS.register("math_verify")
 def math_verify(response: str, answer: str) -> float:
-    """1.0 when the response's last complete `\\boxed{}` holds a value equal to `answer`,
-    else 0.0 (no box: 0.0).
+    """1.0 when the response's final box (`final_boxed`: its last complete `\\boxed{}`, not
+    hedged with an earlier box nor taken back after) holds a value equal to `answer`, else
+    0.0 (no final box: 0.0).
 
-    A numeric `answer` (`48`, `0.5`, `\\frac{1}{2}`, `1,000`; also `2^{10}`, the number 1024)
-    is paid only by a literal of that value, however dressed (`48.0`, `\\$48`, `48 \\text{
-    apples}`, `(48)`, `x = 48`), never by an operation over literals (`6 \\times 8`, `96/2`,
-    `\\frac{2}{4}` for 0.5) nor by a list or alternatives: see asyncrl/rewards/literal.py.
-    Any other `answer` is graded by math-verify's equivalence: LaTeX or plain, intervals
-    (`(-\\infty, 2]`), sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`), surds
-    (`\\frac{1}{\\sqrt{2}}` = `\\frac{\\sqrt{2}}{2}`); the box must hold one value there too (see
-    `not_a_value`) and be at most MAX_ANSWER_CHARS long.
+    An `answer` written as a literal (`48`, `0.5`, `\\frac{1}{2}`, `1,000`) is paid only by a
+    literal of that value, however dressed (`48.0`, `\\$48`, `48 \\text{ apples}`, `(48)`,
+    `x = 48`), never by an operation over literals (`6 \\times 8`, `96/2`, `\\frac{2}{4}` for
+    0.5, `2^{10}` for 1024) nor by a list or alternatives: see asyncrl/rewards/literal.py. A
+    list of literals (`3, 5`, `(3, 5)`) is paid only by a list of literals equal to it (see
+    `as_numbers`). Any other `answer`, an expression included (`2^{10}`, `\\frac{6}{4}`, `1 -
+    2`), is graded by math-verify's equivalence: LaTeX or plain, intervals (`(-\\infty, 2]`),
+    sets, symbolic forms (`(x+1)^2` = `x^2+2x+1`), surds (`\\frac{1}{\\sqrt{2}}` =
+    `\\frac{\\sqrt{2}}{2}`); the box must hold one value of a form the gold could take there
+    (see `not_a_value`) and be at most MAX_ANSWER_CHARS long.
 
     Raises ValueError when `answer` itself cannot be parsed, TimeoutError when math-verify
     runs past VERIFY_TIMEOUT_S.
     """
-    boxed = last_boxed(response)
+    boxed = final_boxed(response)
     if boxed is None:
-        if number_value(answer) is None:
+        if literal_value(answer) is None and as_numbers(answer) is None:
             _gold(answer)  # a broken reference fails every call, boxed or not
         return 0.0
     return _verify_boxed(boxed, answer)
@@ -134,17 +159,16 @@ def math_verify(response: str, answer: str) -> float:
 
 @REWARDS.register("math_verify_lenient")
 def math_verify_lenient(response: str, answer: str) -> float:
-    """`math_verify`, except that a response with no box goes whole to math-verify's own
-    extraction (an "answer is" anchor, else the last expression it finds).
+    """`math_verify`, except that a response with no closed last box goes whole to
+    math-verify's own extraction (an "answer is" anchor, else the last expression it finds).
 
     Open to gaming: "The problem is 29 + 55 - 36. I do not know." scores 1.0 for 48 (a
     SmolLM2 run learned exactly that). Kept, by name only, for models that never box early
     in training; evaluation grades its runs with `math_verify`, and the run flags a reward
     that rises while the boxed-answer rate falls.
     """
-    boxed = last_boxed(response)
-    if boxed is not None:
-        return _verify_boxed(boxed, answer)
+    if last_boxed(response) is not None:  # boxed: graded as math_verify grades it
+        return math_verify(response, answer)
     gold = _gold(answer)
     predicted = _parse(response, "response")
     return 1.0 if predicted and _equal(gold, predicted) else 0.0
@@ -169,15 +193,15 @@ def gsm8k_reference(answer: str) -> str:
 
 @REWARDS.register("gsm8k")
 def gsm8k(response: str, answer: str) -> float:
-    """1.0 when the response's last complete `\\boxed{}` holds one number equal to the
-    reference number, else 0.0 (no box: 0.0).
+    """1.0 when the response's final box (`final_boxed`) holds one number equal to the
+    reference number, else 0.0 (no final box: 0.0).
 
     The reference is the number after `####` (a GSM8K solution) or a bare number. The box
     may dress its number ("\\$1,234.00", "18 \\text{ dollars}"), not hold two ("18 or 19") or
     an expression ("9 + 9").
     """
     reference = fractions.Fraction(gsm8k_reference(answer))
-    return 1.0 if as_number(last_boxed(response)) == reference else 0.0
+    return 1.0 if as_number(final_boxed(response)) == reference else 0.0
 
 
 # --------------------------------------------------------------------------------- format
@@ -186,21 +210,23 @@ def gsm8k(response: str, answer: str) -> float:
 @REWARDS.register("format")
 def format_reward(response: str, answer: str | None = None) -> float:
     """1.0 when the response puts an answer `math_verify` could pay where the prompt asked:
-    a closed `\\boxed{...}` holding neither an operation over numbers whose value is a number
-    (`34+21-5`, `\\sqrt{2500}`) nor alternatives (`47 \\text{ or } 48`). `answer` is accepted
-    and ignored (every reward takes the same arguments; training checks the format without
-    it), so a list (`1, 2`) counts: MATH asks for several solutions that way.
+    a final box (`final_boxed`: closed, neither hedged nor taken back) holding no operation
+    over numbers whose value is a number (`34+21-5`, `\\sqrt{2500}`, `2^{5}, 3`) and no
+    alternatives (`47 \\text{ or } 48`); see `not_a_value`. Training checks the format without
+    `answer`, so a list (`1, 2`) counts (MATH asks for several solutions that way). Evaluation
+    passes it, and the check then follows the gold's form as the grader does: `2^{10}` counts
+    for the gold `2^{10}`, `1+2, 5` does not for the gold `3, 5`.
     """
-    del answer
-    return 1.0 if could_be_paid(last_boxed(response)) else 0.0
+    boxed = final_boxed(response)
+    return 1.0 if boxed is not None and not_a_value(boxed, answer) is None else 0.0
 
 
 @REWARDS.register("boxed_number_format")
 def boxed_number_format(response: str, answer: str | None = None) -> float:
-    """1.0 when the response's last closed `\\boxed{...}` holds one number written out (what
+    """1.0 when the response's final box (`final_boxed`) holds one number written out (what
     `gsm8k` pays, when it is the right one): not an expression, a list or a hedge."""
     del answer
-    return 1.0 if as_number(last_boxed(response)) is not None else 0.0
+    return 1.0 if as_number(final_boxed(response)) is not None else 0.0
 
 
 BOXED_REWARDS.update({"math_verify", "math_verify_lenient", "gsm8k", "format",

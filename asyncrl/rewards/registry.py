@@ -48,10 +48,13 @@ def exact_answer(response: str, answer: str) -> float:
     """1.0 when the response states a final answer (a box, "the answer is N", or a last line
     that is N or ends "= N" / "is N") and it equals the reference number exactly, else 0.0.
 
-    Hedges ("41 or 42"), lists, unevaluated expressions ("84 - 12", `\\boxed{2^{5}}`), a
-    restated question, an answer taken back ("The answer is 50. No wait, it's 51.") and an
-    unclosed last box state no answer (asyncrl/rewards/answers.py). Thousands separators,
-    "$", units and "72.0" for 72 are fine. Raises ValueError when `answer` is not one number.
+    Hedges ("41 or 42", "\\boxed{41} or \\boxed{42}"), lists, unevaluated expressions ("84 -
+    12", `\\boxed{2^{5}}`), a restated question, an answer taken back by a retraction word and
+    another value ("The answer is 50. No wait, it's 51.") or by a second stated answer ("...
+    The answer is 51.", "= 51") and an unclosed last box state no answer; other numbers after
+    the answer do not take it back ("The answer is 50. Explanation: 23 + 27 = 50.") (rules in
+    asyncrl/rewards/answers.py). Thousands separators, "$", units and "72.0" for 72 are fine.
+    Raises ValueError when `answer` is not one number.
     """
     reference = _number(answer)
     return 1.0 if as_number(stated_answer(response)) == reference else 0.0

@@ -116,8 +116,9 @@ BOXED = [
     (r"\boxed{2\sqrt{2}+3}", r"3+2\sqrt{2}", 1.0),
     (r"\boxed{2+3i}", "2+3i", 1.0),
     (r"\boxed{3 \times 10^{5}}", "300000", 0.0),  # an operation over literals, for a number
-    (r"\boxed{-1}", "1 - 2", 1.0),  # a gold written as an operation is the number it makes
-    (r"\boxed{1 - 2}", "1 - 2", 0.0),  # ... which only its literal pays
+    # A gold written as an operation is graded by equivalence: its value, or its own form.
+    (r"\boxed{-1}", "1 - 2", 1.0),
+    (r"\boxed{1 - 2}", "1 - 2", 1.0),
     (r"\boxed{\{1, 2\}}", r"\{1, 2\}", 1.0),
 ]
 
@@ -238,10 +239,12 @@ RESTATEMENTS = [
     (r"\mathbf{34}+21-5", "50"), (r"\$34+\$21-\$5", "50"), ("50+0", "50"), ("--50", "50"),
     ("-(-50)", "50"), ("100/2", "50"), (r"\frac{100}{2}", "50"), (r"\frac{50}{1}", "50"),
     ("2/4", "0.5"), (r"\dfrac{2}{4}", "0.5"), ("2^{5}", "32"), ("2^5", "32"), ("7²+1", "50"),
-    (r"\sqrt{2500}", "50"), (r"\sqrt[3]{125000}", "50"), ("2500^{1/2}", "50"),
+    ("2^{10}", "1024"), (r"\sqrt{2500}", "50"), (r"\sqrt[3]{125000}", "50"), ("2500^{1/2}", "50"),
     (r"5 \times 10", "50"), (r"5 \cdot 10", "50"), ("5 × 10", "50"), ("5*10", "50"),
     (r"100 \div 2", "50"), ("2(25)", "50"), ("(5)(10)", "50"), ("10!", "3628800"),
     (r"3 \times 10^{5}", "300000"), ("1,000+0", "1000"),
+    # Units of several words or abbreviations are units, in the gold and in the box alike.
+    (r"25+25 \text{ sq. ft}", r"50 \text{ sq. ft}"), (r"100/2 \text{ m/s}", r"50 \text{ m/s}"),
 ]
 # (box content, gold, whether `format` counts it): two answers, or one with an alternative.
 # gsm8k's and exact_answer's format checks know the answer is one number; `format` (MATH,
@@ -262,7 +265,9 @@ VALUES = [
     (r"1\,000", "1000"), (r"\$1,000", "1000"), (r"\$1,000.00", "1000"),
     (r"50 \text{ apples}", "50"), ("50 apples", "50"), (r"50\%", "50"), (r"50^\circ", "50"),
     (r"50 \text{ cm}^2", "50"), ("(50)", "50"), (r"\left( 50 \right)", "50"), ("{50}", "50"),
-    (r"\mathbf{50}", "50"), ("x = 50", "50"), ("+50", "50"),
+    (r"\mathbf{50}", "50"), ("x = 50", "50"), ("+50", "50"), (r"50 \text{ m/s}", "50"),
+    (r"50 \text{ sq. ft}", "50"), (r"50 \mathrm{km/h}", "50"), (r"50 \text{ m/s}^2", "50"),
+    ("50", r"50 \text{ sq. ft}"),
 ]
 
 
@@ -307,15 +312,30 @@ def test_a_number_written_out_pays_in_any_dress(name, content, gold):
 
 
 @pytest.mark.parametrize("response, score", [
-    # Taken back: a retraction word, or another value, after the stated answer.
+    # Taken back: a retraction word followed by another value, or a second stated answer.
     ("The answer is 50. No wait, it's 51.", 0.0),
     ("The answer is 50. It's 51.", 0.0),
     ("The answer is 50. Actually, 51.", 0.0),
     ("The answer is 50, or rather 51.", 0.0),
-    ("50\n\nWait, let me recheck that.", 0.0),
-    ("50\nHmm, that is wrong.", 0.0),
+    ("The answer is 50. I mean 51.", 0.0),
+    ("The answer is 50. Sorry, 51.", 0.0),
+    ("The answer is 50. Instead, 51.", 0.0),
+    ("The answer is 50. Or maybe 51.", 0.0),
+    ("The answer is 50.\n51", 0.0),
+    ("The answer is 50.\n23 + 28 = 51", 0.0),
+    ("The answer is 50.\nHmm, that is wrong: 49.", 0.0),
     (r"\boxed{50} No, 51.", 0.0),
     (r"\boxed{50} Correction: 49.", 0.0),
+    # Other numbers after the answer, and doubt with no other value, take nothing back.
+    ("The answer is 50. Explanation: 23 + 27 = 50.", 1.0),
+    ("The answer is 50 apples. There were 3 baskets.", 1.0),
+    ("The answer is 50. No remainder is left.", 1.0),
+    ("\\boxed{50}\n\nStep 1: 23 + 27 = 50.", 1.0),
+    ("The answer is 50.\n\n**Steps:**\n1. 23 + 27 = 50\n2. Done", 1.0),
+    ("The answer is 50. Wait, let me verify: 23 + 27 = 50.", 1.0),
+    ("The answer is 50. That is 50 rather than 51.", 1.0),
+    ("50\n\nWait, let me recheck that.", 1.0),
+    ("50\nHmm, that is wrong.", 1.0),
     # An unclosed last box is no answer, and nothing else is read instead.
     (r"\boxed{50} hmm \boxed{5", 0.0),
     (r"The answer is 50. \boxed{5", 0.0),
@@ -329,6 +349,89 @@ def test_a_number_written_out_pays_in_any_dress(name, content, gold):
 def test_exact_answer_pays_no_retraction_and_no_unclosed_box(response, score):
     assert REWARDS.get("exact_answer")(response=response, answer="50") == score
     assert REWARDS.get("integer_format")(response=response) == score  # the format check agrees
+
+
+# A response around its final box, gold 50: (response, score). Every boxed grader and its
+# format check read the same final answer (asyncrl/rewards/answers.py, rules (a), (b), (b')).
+AROUND_THE_BOX = [
+    # (a) an earlier box of another value offered beside the last one.
+    (r"\boxed{49} or \boxed{50}", 0.0),
+    (r"Either \boxed{49} or \boxed{50}.", 0.0),
+    (r"\boxed{49} \lor \boxed{50}", 0.0),
+    (r"\boxed{49}, or maybe \boxed{50}", 0.0),
+    (r"\boxed{48} or \boxed{49}, so \boxed{50}", 0.0),
+    # (b) a retraction word or an offered alternative, then another value.
+    (r"\boxed{50}. No wait, it's 51.", 0.0),
+    (r"\boxed{50}. Actually, 51.", 0.0),
+    (r"\boxed{50}. I mean 51.", 0.0),
+    (r"\boxed{50}. Or maybe 51.", 0.0),
+    (r"\boxed{50}. No, $\frac{101}{2}$.", 0.0),
+    # (b') a second stated answer.
+    ("\\boxed{50}\n\nThe answer is 51.", 0.0),
+    ("\\boxed{50}\n\n23 + 28 = 51", 0.0),
+    # A correction before the last box is no hedge: the last box is the answer.
+    (r"\boxed{49}, wait, no: \boxed{50}", 1.0),
+    (r"\boxed{49} or rather \boxed{50}", 1.0),
+    (r"\boxed{49}. Hmm, wait, it is \boxed{50}.", 1.0),
+    (r"\boxed{50} or \boxed{50.0}", 1.0),  # the same value twice
+    # Prose, explanations and doubt with no other value after the box.
+    (r"\boxed{50}. No remainder is left.", 1.0),
+    ("\\boxed{50}\n\nStep 1: 23 + 27 = 50.", 1.0),
+    (r"\boxed{50}. Wait, let me verify: 23 + 27 = 50.", 1.0),
+    (r"\boxed{50} apples. There were 3 baskets.", 1.0),
+    ("\\boxed{50}\n\n1. Add 23 and 27.\n2. Done.", 1.0),
+    (r"\boxed{50}, rather than 51.", 1.0),
+]
+
+
+@pytest.mark.parametrize("name", NUMERIC_GRADERS)
+@pytest.mark.parametrize("response, score", AROUND_THE_BOX)
+def test_a_hedge_or_a_retraction_around_the_final_box_pays_nothing(name, response, score):
+    answer = "#### 50" if name == "gsm8k" else "50"
+    assert REWARDS.get(name)(response=response, answer=answer) == score
+    assert REWARDS.get(format_check(name))(response=response) == score  # the check agrees
+
+
+# (box content, gold, score): where the gold is a list of literals, only a list of literals
+# pays: a multiset for a bare list or a set, item by item with its brackets for a tuple or an
+# interval.
+LISTS = [
+    ("1+2, 5", "3, 5", 0.0), (r"\sqrt{9}, 10/2", "3, 5", 0.0), (r"(\frac{6}{2}, 5)", "(3, 5)", 0.0),
+    (r"\{1+2, 5\}", r"\{3, 5\}", 0.0), (r"3 \text{ and } 5", "3, 5", 0.0),
+    ("3, 5", "3, 5", 1.0), ("5, 3", "3, 5", 1.0), (r"\{5, 3\}", "3, 5", 1.0),
+    ("x = 3, 5", "3, 5", 1.0), ("3, 5, 5", "3, 5", 0.0), ("3", "3, 5", 0.0),
+    ("(3,5)", "(3, 5)", 1.0), (r"\left( 3, 5 \right)", "(3, 5)", 1.0), ("(5, 3)", "(3, 5)", 0.0),
+    ("[3, 5]", "(3, 5)", 0.0), ("3, 5", "(3, 5)", 0.0), (r"\{5, 3\}", r"\{3, 5\}", 1.0),
+    ("[1,3)", "[1, 3)", 1.0), ("[1,3]", "[1, 3)", 0.0), ("(0.5, 3)", r"(\frac{1}{2}, 3)", 1.0),
+]
+
+
+@needs_math_verify
+@pytest.mark.parametrize("content, gold, score", LISTS)
+def test_a_list_of_numbers_pays_only_a_list_of_literals(content, gold, score):
+    response = rf"so $\boxed{{{content}}}$."
+    assert REWARDS.get("math_verify")(response=response, answer=gold) == score
+    # Given the gold (as evaluation gives it), the format check refuses what is no list of
+    # literals; without it (training), an operation in a list is refused all the same.
+    formatted = REWARDS.get("format")(response=response, answer=gold)
+    refused = any(op in content for op in ("+", "/", "sqrt", "frac", "and"))
+    assert formatted == (0.0 if refused else 1.0)
+    if "+" in content or "/" in content:
+        assert REWARDS.get("format")(response=response) == 0.0
+
+
+@needs_math_verify
+@pytest.mark.parametrize("response, gold, score", [
+    # What follows the box is read against the values the answer holds.
+    (r"\boxed{3, 5}. Check: x = 3 works, and x = 5 too.", "3, 5", 1.0),
+    (r"\boxed{3, 5}. No wait, 4.", "3, 5", 0.0),
+    (r"\boxed{2^{10}} = 1024", "2^{10}", 1.0),
+    (r"\boxed{\frac{\sqrt{3}}{2}} \approx 0.866", r"\frac{\sqrt{3}}{2}", 1.0),
+    (r"\boxed{\frac{\sqrt{3}}{2}}. No wait, it is \frac{1}{2}.", r"\frac{\sqrt{3}}{2}", 0.0),
+])
+def test_what_follows_the_final_box_is_read_against_its_own_values(response, gold, score):
+    assert REWARDS.get("math_verify")(response=response, answer=gold) == score
+    assert REWARDS.get("format")(response=response, answer=gold) == score
 
 
 @needs_math_verify
@@ -348,19 +451,29 @@ def test_exact_answer_pays_no_retraction_and_no_unclosed_box(response, score):
     # are no answer: both refused before math-verify sees them.
     (r"\boxed{\sqrt{3} \text{ or } \frac{1}{2}}", r"\frac{\sqrt{3}}{2}", 0.0),
     (r"\boxed{2^{5}}", r"\frac{\sqrt{3}}{2}", 0.0),
+    # A gold that is itself an operation over literals is paid by its value or its own form
+    # (a gold written out, 1024, refuses `2^{10}`: see RESTATEMENTS).
+    (r"\boxed{2^{10}}", "2^{10}", 1.0),
+    (r"\boxed{1024}", "2^{10}", 1.0),
+    (r"\boxed{1000}", "2^{10}", 0.0),
+    (r"\boxed{4.5 \times 10^{6}}", r"4.5 \times 10^{6}", 1.0),
+    (r"\boxed{4500000}", r"4.5 \times 10^{6}", 1.0),
+    (r"\boxed{\frac{6}{4}}", r"\frac{6}{4}", 1.0),
+    (r"\boxed{\frac{3}{2}}", r"\frac{6}{4}", 1.0),
+    (r"\boxed{1.5}", r"\frac{6}{4}", 1.0),
 ])
 def test_an_expression_gold_is_graded_by_equivalence(response, gold, score):
     assert REWARDS.get("math_verify")(response=response, answer=gold) == score
-    if score == 1.0:
-        assert REWARDS.get("format")(response=response) == 1.0
+    if score == 1.0:  # the format check, given the gold as evaluation gives it, agrees
+        assert REWARDS.get("format")(response=response, answer=gold) == 1.0
 
 
 TOWER = r"\boxed{9^{9^{9^{9}}}}"
 
 
 @pytest.mark.parametrize("name, gold", [
-    ("math_verify", "50"), ("math_verify", r"\frac{\sqrt{3}}{2}"), ("gsm8k", "#### 50"),
-    ("exact_answer", "50")])
+    ("math_verify", "50"), ("math_verify", r"\frac{\sqrt{3}}{2}"), ("math_verify", "2^{10}"),
+    ("gsm8k", "#### 50"), ("exact_answer", "50")])
 def test_a_power_tower_is_refused_at_once_without_the_verifier(name, gold, monkeypatch):
     # math-verify spends its whole time limit on it (and raises); the parse refuses it first.
     import asyncrl.rewards.math as math_rewards
@@ -387,5 +500,12 @@ PAID = ([("exact_answer", r, g) for r, g, score in PLAIN if score == 1.0]
 @pytest.mark.parametrize("name, response, gold", PAID)
 def test_whatever_a_grader_pays_its_format_check_counts_as_answered(name, response, gold):
     # So `rewarded_unformatted` (the reward-hacking watch) stays 0 under a strict grader.
+    from asyncrl.rewards.literal import ARITHMETIC, read_answer
+
+    check = REWARDS.get(format_check(name))
     assert REWARDS.get(name)(response=response, answer=gold) == 1.0
-    assert REWARDS.get(format_check(name))(response=response) == 1.0
+    assert check(response=response, answer=gold) == 1.0  # as evaluation checks it
+    # Training checks without the gold, so it refuses every operation over literals: a gold
+    # that is one itself (`1 - 2`), answered in its own form, is the one exception.
+    if read_answer(gold).kind != ARITHMETIC:
+        assert check(response=response) == 1.0

@@ -14,11 +14,13 @@ from asyncrl.rewards.literal import (
     LITERAL,
     OTHER,
     SURD,
+    Collection,
     Reading,
     literal_value,
     normalize,
     number_value,
     read_answer,
+    read_collection,
 )
 
 F = fractions.Fraction
@@ -34,6 +36,9 @@ F = fractions.Fraction
     (r"10,\!000", F(10000)), (r"1\,000", F(1000)),
     (r"\$1,000", F(1000)), ("$50$", F(50)), (r"50 \text{ apples}", F(50)), ("50 apples", F(50)),
     (r"50\text{ m}", F(50)), (r"50 \mathrm{cm}^2", F(50)), (r"50 \text{ cm}^{2}", F(50)),
+    # Units of several words or abbreviations, in a text command.
+    (r"50 \text{ m/s}", F(50)), (r"50 \text{ sq. ft}", F(50)), (r"50 \mathrm{km/h}", F(50)),
+    (r"50 \text{ m/s}^2", F(50)), (r"50\text{ ft.}", F(50)),
     (r"50\%", F(50)), ("50%", F(50)), (r"50^\circ", F(50)), (r"50^{\circ}", F(50)), ("50°", F(50)),
     ("(50)", F(50)), ("((50))", F(50)), ("[50]", F(50)), ("{50}", F(50)),
     (r"\left( 50 \right)", F(50)), (r"\left. 50 \right.", F(50)), (r"\mathbf{50}", F(50)),
@@ -55,6 +60,7 @@ def test_literals_and_their_values(text, value):
     (r"5 \times 10", F(50)), (r"5 \cdot 10", F(50)), ("5 × 10", F(50)), (r"100 \div 2", F(50)),
     ("10!", F(3628800)), ("--5", F(5)), ("-(-5)", F(5)), ("2(25)", F(50)), ("(5)(10)", F(50)),
     (r"3 \times 10^{5}", F(300000)), (r"\frac{1}{2}+\frac{1}{2}", F(1)),
+    (r"25+25 \text{ sq. ft}", F(50)), (r"100/2 \text{ m/s}", F(50)),
 ])
 def test_an_operation_over_literals_is_arithmetic_whatever_it_makes(text, value):
     reading = read_answer(text)
@@ -82,6 +88,7 @@ def test_an_irrational_closed_form_is_a_surd(text):
     ("1,2345", LIST),
     (r"49 \text{ or } 50", ALTERNATIVES), ("49 or 50", ALTERNATIVES), (r"49 \lor 50", ALTERNATIVES),
     (r"49 \vee 50", ALTERNATIVES), ("either 49", ALTERNATIVES), ("50 or maybe 49", ALTERNATIVES),
+    (r"50 \text{ and/or } 51", ALTERNATIVES), (r"50 \text{ m/s or so}", ALTERNATIVES),
     ("49 50", OTHER), ("about 50", OTHER), ("2x", OTHER), ("50 and 49", OTHER), (r"\pi", OTHER),
     (r"(-\infty, 2]", OTHER), (r"\{1, 2\}", OTHER), ("(1, 2)", OTHER), ("2+3i", OTHER),
     (r"\text{(A)}", OTHER), (r"\pm 5", OTHER), ("50 = 50", OTHER), ("5e1", OTHER), ("", OTHER),
@@ -92,6 +99,28 @@ def test_an_irrational_closed_form_is_a_surd(text):
 def test_what_is_not_one_value(text, kind):
     assert read_answer(text).kind == kind
     assert literal_value(text) is None
+
+
+L = LITERAL
+
+
+@pytest.mark.parametrize("text, brackets, kinds", [
+    ("3, 5", "", [L, L]), (r"3 \text{, } 5", "", [L, L]), ("1+2, 5", "", [ARITHMETIC, L]),
+    ("(3, 5)", "()", [L, L]), (r"\left( \frac{6}{2}, 5 \right)", "()", [ARITHMETIC, L]),
+    ("[1, 3)", "[)", [L, L]), (r"\{3, 5\}", r"\{\}", [L, L]), ("{3, 5}", "", [L, L]),
+    (r"(-\infty, 2]", "(]", [OTHER, L]),
+    (r"\sqrt{9}, 10/2, x", "", [ARITHMETIC, ARITHMETIC, OTHER]),
+])
+def test_a_collection_is_read_item_by_item(text, brackets, kinds):
+    collection = read_collection(text)
+    assert collection.brackets == brackets
+    assert [item.kind for item in collection.items] == kinds
+
+
+@pytest.mark.parametrize("text", ["3", "(3)", "(3), 5 or 6", r"3 \text{ and } 5", "(3, 5", "",
+                                  "1+2"])
+def test_one_value_alternatives_or_unbalanced_brackets_are_no_collection(text):
+    assert read_collection(text) is None
 
 
 def test_normalize_writes_unicode_forms_in_ascii_and_latex():
@@ -112,6 +141,8 @@ def test_any_text_is_read_without_raising_and_a_literal_is_its_own_value(bits):
     text = "".join(bits)
     reading = read_answer(text)
     assert reading.kind in (LITERAL, ARITHMETIC, SURD, LIST, ALTERNATIVES, OTHER)
+    collection = read_collection(text)
+    assert collection is None or (isinstance(collection, Collection) and len(collection.items) > 1)
     if reading.kind == LITERAL:
         assert isinstance(reading.value, fractions.Fraction)
         # The value survives being written out again as the plainest literal.
