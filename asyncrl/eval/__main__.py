@@ -27,6 +27,7 @@ from asyncrl.host_devices import split_cpu_host
 # restored onto the mesh layout it was saved from, as asyncrl.main splits the host.
 split_cpu_host(8)
 
+import contextlib  # noqa: E402
 import dataclasses  # noqa: E402
 import json  # noqa: E402
 import pathlib  # noqa: E402
@@ -61,10 +62,11 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
     out = pathlib.Path(output) if output else folder / "eval.json"
     data = build_task_data(c.task, c.eval.heldout_size, out.parent)
     mesh = Mesh(jax.devices()[:1], ("tp",))
-    evaluator = Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data,
-                          lambda problem: encode(c, policy, problem).tokens, policy.decode)
     responses = out.with_name(f"{out.stem}_responses.jsonl")
-    result = evaluator(params, 0, "eval", split=split, responses_to=responses)
+    with contextlib.closing(Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data,
+                                      lambda problem: encode(c, policy, problem).tokens,
+                                      policy.decode)) as evaluator:
+        result = evaluator(params, 0, "eval", split=split, responses_to=responses)
     figures = {"checkpoint": str(checkpoint), **dataclasses.asdict(result)}
     out.write_text(json.dumps(figures, indent=2))
     print(f"{describe(result)}; written to {out}, each response to {responses}")

@@ -218,6 +218,10 @@ class Evaluator:
         self.format_check = resolve_format_check(c) if c is not None else None
         self.seconds = 0.0  # spent evaluating, over the run
         self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
+        # Its graders' worker processes, started at the first call as the engines are and
+        # kept until close(): a run evaluates seven times or more, and each start spawns the
+        # workers and imports the rewards again.
+        self._pool: RewardPool | None = None
         # split -> (problems, prompts): each split is fixed for the run, encoded once
         self._problems: dict[str, tuple[list, list[Sequence[int]]]] = {}
 
@@ -255,17 +259,24 @@ class Evaluator:
             if responses_to is not None:
                 write_responses(responses_to, problems, completions, self.grader)
 
-        with RewardPool(c.rewards.workers, c.rewards.timeout_s,
-                        plugins=tuple(c.rewards.plugins)) as pool:
-            result = evaluate_policy(
-                greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
-                functools.partial(grade_in_pool, pool, self.grader),
-                is_formatted=(functools.partial(grade_in_pool, pool, self.format_check)
-                              if self.format_check else None),
-                samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
-                eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
+        if self._pool is None:
+            self._pool = RewardPool(c.rewards.workers, c.rewards.timeout_s,
+                                    plugins=tuple(c.rewards.plugins))
+        result = evaluate_policy(
+            greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
+            functools.partial(grade_in_pool, self._pool, self.grader),
+            is_formatted=(functools.partial(grade_in_pool, self._pool, self.format_check)
+                          if self.format_check else None),
+            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
+            eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
         self.seconds += result.seconds
         return result
+
+    def close(self) -> None:
+        """Ends the graders' worker processes (a later call starts them again)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
 
 class BackgroundEvaluator:

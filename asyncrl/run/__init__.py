@@ -259,6 +259,8 @@ class Lead:
                 shutdown.callback(self.record.close)
             shutdown.callback(self.progress.close)
             shutdown.callback(group.stop, failed)
+            if failed:  # no final evaluation follows: its graders' processes end here
+                shutdown.callback(self.evaluate.close)
             if self.record is not None:
                 shutdown.callback(self.record.close_evaluations)
             shutdown.callback(self.rollouts.stop)
@@ -267,6 +269,11 @@ class Lead:
                checkpoint: pathlib.Path | None) -> dict[str, Any]:
         """The accounting, then (the run done) the final evaluation: results.json.
         `checkpoint`: the latest one in the workdir, if any was written."""
+        with contextlib.closing(self.evaluate):  # the run's last evaluation, if any
+            return self._finish(step, params, stopped, checkpoint)
+
+    def _finish(self, step: int, params, stopped: bool,
+                checkpoint: pathlib.Path | None) -> dict[str, Any]:
         self.record.finish(self.rollouts.accounting(), self.c.staleness.eta)
         if step < self.c.train.steps:
             if stopped:
