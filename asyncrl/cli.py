@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import ml_collections
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
@@ -66,6 +66,14 @@ def _unless_printing(main: Callable[[list[str]], Any]) -> Callable[[list[str]], 
         return main(argv)
 
     return run
+
+
+def quiet_libraries() -> None:
+    """The console shows what the command itself says (a progress bar, evaluations, files
+    written); the libraries' INFO lines (Orbax writes a dozen per checkpoint) appear with
+    --verbosity=0."""
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
 
 
 def exit_on_user_error(entry: Callable[[], Any]) -> Any:

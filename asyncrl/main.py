@@ -25,7 +25,7 @@ import threading  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 
-from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.cli import define_config_flag, quiet_libraries, run_main  # noqa: E402
 from asyncrl.errors import local_workdir  # noqa: E402
 from asyncrl.run_folder import check_identity, default_workdir, experiment_name  # noqa: E402
 
@@ -42,10 +42,7 @@ _RESUME_ANYWAY = flags.DEFINE_bool(
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        # The console shows the progress bar, the evaluations and the result; the libraries'
-        # INFO lines (Orbax writes a dozen per checkpoint) appear with --verbosity=0.
-        logging.set_verbosity(logging.WARNING)
+    quiet_libraries()
     import jax  # here, not at the top: a bad flag is reported without waiting for JAX
 
     from asyncrl.trainer_actors import form_group

@@ -36,7 +36,7 @@ import jax  # noqa: E402
 from absl import app, flags  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
-from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.cli import define_config_flag, quiet_libraries, run_main  # noqa: E402
 from asyncrl.run_checkpoint import checkpoint_config, load_params  # noqa: E402
 
 _CONFIG = define_config_flag(None, "Experiment config file (get_config(arg)); default: the "
@@ -76,6 +76,7 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    quiet_libraries()
     c = checkpoint_config(_CONFIG.value, _CHECKPOINT.value)
     evaluate_checkpoint(c, _CHECKPOINT.value, _OUTPUT.value, _SPLIT.value)
 

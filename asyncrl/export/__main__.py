@@ -27,9 +27,9 @@ from asyncrl.host_devices import split_cpu_host
 # was saved from, as asyncrl.main splits the host.
 split_cpu_host(8)
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 
-from asyncrl.cli import define_config_flag, run_main  # noqa: E402
+from asyncrl.cli import define_config_flag, quiet_libraries, run_main  # noqa: E402
 from asyncrl.run_checkpoint import checkpoint_config  # noqa: E402
 
 _CONFIG = define_config_flag(None, "Experiment config file (get_config(arg)); default: the "
@@ -47,9 +47,7 @@ _OVERWRITE = flags.DEFINE_bool("overwrite", False, "Replace --out when it holds 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    if not flags.FLAGS["verbosity"].present:
-        # The console shows what was written; Orbax's INFO lines appear with --verbosity=0.
-        logging.set_verbosity(logging.WARNING)
+    quiet_libraries()
     from asyncrl.export.hf import export_run, require_trainer_checkpoint
 
     require_trainer_checkpoint(_CHECKPOINT.value)  # a model: refused before its config is sought
