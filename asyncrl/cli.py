@@ -129,8 +129,7 @@ def with_flag_overrides(config: ml_collections.ConfigDict,
     ConfigError naming it and the fields near it."""
     args = _SET_ASIDE.get(name, [])
     for dotted in _overrides(name, args):
-        _check_field(config, name, dotted)
-        if _holds_none(config, dotted):
+        if _check_field(config, name, dotted) is None:
             # ml_collections types an override by the field's value; a config file can give
             # a None field its type (a placeholder), a stored config cannot.
             raise ConfigError(f"--{name}.{dotted}: the stored config holds None there, so "
@@ -144,15 +143,6 @@ def with_flag_overrides(config: ml_collections.ConfigDict,
     except flags.Error as error:
         raise UserError(_flag_error_message(error)) from error
     return holder[name].value
-
-
-def _holds_none(config: ml_collections.ConfigDict, dotted: str) -> bool:
-    node = config
-    for part in dotted.split("."):
-        if not isinstance(node, ml_collections.ConfigDict) or "[" in part:
-            return False  # inside a list, a dict or a dataclass: typed as ml_collections types it
-        node = node[part]
-    return node is None
 
 
 def _flag_error_message(error: flags.Error) -> str:
@@ -255,17 +245,23 @@ def _overrides(name: str, argv: list[str]) -> list[str]:
     return [match[2] for match in map(pattern.match, argv) if match]
 
 
-def _check_field(config, name: str, dotted: str) -> None:
+_INSIDE = object()  # what _check_field reached: a field inside a list, a dict or a dataclass
+
+
+def _check_field(config, name: str, dotted: str) -> Any:
+    """The value of the field `dotted` names, or _INSIDE; a moved or missing field is a
+    ConfigError naming it."""
     if dotted in MOVED_FIELDS:
         raise ConfigError(f"--{name}.{dotted} has moved: use --{name}.{MOVED_FIELDS[dotted]}")
     node, where = config, name
     for part in dotted.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or "[" in part:
-            return  # inside a list, a dict or a dataclass: ml_collections checks those
+            return _INSIDE  # ml_collections checks those, and types them itself
         if part not in node:
             raise ConfigError(f"--{name}.{dotted}: {where} has no field {part!r}; "
                               f"{_near(part, list(node.keys()))}")
         node, where = node[part], f"{where}.{part}"
+    return node
 
 
 def _near(field: str, fields: list[str]) -> str:
