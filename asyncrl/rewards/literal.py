@@ -160,13 +160,6 @@ def literal_value(text: str) -> Fraction | None:
     return reading.value if reading.kind == LITERAL else None
 
 
-def number_value(text: str) -> Fraction | None:
-    """The rational value of `text` when it is a LITERAL or an ARITHMETIC expression with a
-    computed value (a gold written `2^{10}` or `\\frac{6}{4}` is the number 1024 or 3/2)."""
-    reading = read_answer(text)
-    return reading.value if reading.kind in (LITERAL, ARITHMETIC) else None
-
-
 # ---------------------------------------------------------------------------- normalising
 
 _SUPERSCRIPTS = dict(zip("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+"))

@@ -290,9 +290,10 @@ def for_each_grader(cases):
 @needs_math_verify
 @pytest.mark.parametrize("name, content, gold", for_each_grader(RESTATEMENTS))
 def test_a_restatement_of_the_number_pays_nothing_however_dressed(name, content, gold):
-    from asyncrl.rewards.literal import number_value
+    from asyncrl.rewards.literal import read_answer
 
-    assert number_value(content) == number_value(gold)  # it does make the gold
+    # It does make the gold: a computed value equal to the number written out.
+    assert read_answer(content).value == read_answer(gold).value is not None
     # Not paid, and not an answer either: the reward-hacking watch sees what was refused.
     assert grade(name, content, gold) == (0.0, 0.0)
     paid, formatted = grade(name, gold, gold)  # while the gold written out is paid
