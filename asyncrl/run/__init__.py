@@ -216,23 +216,22 @@ class Lead:
         """Step `step` is trained: its figures, its weights published, maybe evaluated."""
         figures = describe_batch(self.batch, self.train_batch, self.stated)
         self.record.batch(step, figures)
-        nothing_to_learn = self.signal.update(step, figures)
-        if nothing_to_learn is not None and self.c.train.stop_without_signal:
-            # Every step's row written before the run ends on it.
-            self.record.step(self.late.push(step, metrics))
-            self.record.step(self.late.flush())
-        self._nothing_to_learn(step, nothing_to_learn)
+        self._nothing_to_learn(step, self.signal.update(step, figures), metrics)
         self.rollouts.publish(step, params)
         if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
             self.record.evaluating(step)
             submit_evaluation(self.background, self.rollouts, step, params)
         self.record.step(self.late.push(step, metrics))
 
-    def _nothing_to_learn(self, step: int, message: str | None) -> None:
-        """What LearningSignalWatch found, if anything: said once, or the run's end."""
+    def _nothing_to_learn(self, step: int, message: str | None, metrics=None) -> None:
+        """What LearningSignalWatch found, if anything: said once, or the run's end (`metrics`:
+        those of `step`, trained, whose row is then written with the rest first)."""
         if message is None:
             return
         if self.c.train.stop_without_signal:
+            if metrics is not None:
+                self.record.step(self.late.push(step, metrics))
+            self.record.step(self.late.flush())
             raise NoLearningSignal(f"{message} (the run stops: train.stop_without_signal is True)")
         self.record.no_signal(step, message)
 
