@@ -31,9 +31,8 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 from ml_collections.config_flags.config_flags import ConfigFileFlagParser
 
-from asyncrl.config_args import MOVED_FIELDS, ConfigError
+from asyncrl.config_args import MOVED_FIELDS, ConfigError, config_json
 from asyncrl.errors import UserError
-from asyncrl.run_folder import config_json
 
 EXIT_USER_ERROR = 2  # as argparse's usage errors; a crash exits 1
 

@@ -1,4 +1,5 @@
-"""Parsing the argument of a config file's `get_config(arg)`: "tiny,eta=2" style.
+"""Parsing the argument of a config file's `get_config(arg)`: "tiny,eta=2" style; a config
+as JSON data and back (run.json, --print_config).
 
 Kept free of heavy imports so configs that must not load JAX (the simulator's) can use it.
 """
@@ -49,3 +50,32 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
             except ValueError:
                 raise ConfigError(f"config argument {key}={value!r}: expected {type(default).__name__}") from None
     return parsed
+
+
+def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
+    """`config` as JSON data, as a run folder's run.json records it and --print_config prints
+    it: tuples as lists, anything not JSON as its repr."""
+    return _plain(config.to_dict())
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return repr(value)
+
+
+def config_from_json(data: dict[str, Any]) -> ml_collections.ConfigDict:
+    """The config `config_json` wrote: sequences as tuples, as config files write them."""
+    return ml_collections.ConfigDict(_tuples(data))
+
+
+def _tuples(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    return value

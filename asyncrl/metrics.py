@@ -18,8 +18,8 @@ from typing import Any, Iterable
 import numpy as np
 from tensorboardX import SummaryWriter
 
+from asyncrl.config_args import config_json
 from asyncrl.errors import UserError
-from asyncrl.run_folder import config_json
 
 
 def _plain(value: Any) -> Any:

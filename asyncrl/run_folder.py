@@ -3,7 +3,7 @@ later one.
 
     check_identity(workdir, config, experiment)       # any process: refuses, writes nothing
     claim(workdir, config, experiment)                # process 0: checks, then records
-    stored_config(workdir)                            # the config a run was started with
+    stored_config(workdir)                            # the config a run trains under
 
 `run.json` holds the experiment (the config file and its argument), the resolved config and
 the code version (the git commit and whether the tree was dirty, else the installed package's
@@ -35,6 +35,7 @@ from typing import Any
 
 import ml_collections
 
+from asyncrl.config_args import config_from_json, config_json
 from asyncrl.errors import UserError, local_workdir
 
 RUN_FILE = "run.json"
@@ -90,7 +91,7 @@ def default_workdir(config_flag: str) -> str:
     return f"runs/{name}"
 
 
-def code_version() -> dict[str, Any]:
+def source_version() -> dict[str, Any]:
     """The commit and whether the tree differs from it, when asyncrl runs from a git
     checkout; else the installed package's version."""
     def git(*args: str) -> str:
@@ -154,9 +155,9 @@ def claim(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
     folder = local_workdir(workdir)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     if record is None:
-        record = {"created": now, "code": code_version(), "uses": []}
+        record = {"created": now, "code": source_version(), "uses": []}
     else:
-        use = {"time": now, "code": code_version()}
+        use = {"time": now, "code": source_version()}
         differences = _differences(record, config, experiment)
         if differences:
             # From here on the run is this config's: later resumes need no flag, and eval
@@ -177,17 +178,13 @@ def _identity(config: ml_collections.ConfigDict, experiment: str | None) -> dict
 
 
 def stored_config(workdir: str | pathlib.Path) -> ml_collections.ConfigDict | None:
-    """The resolved config the run in `workdir` was started with, or None when the folder
-    has no run.json. Sequences come back as tuples, as config files write them."""
+    """The resolved config the run in `workdir` trains under (the one it started with, or the
+    one --resume_anyway took it over with), or None when the folder has no run.json.
+    Sequences come back as tuples, as config files write them."""
     record = _read_record(local_workdir(workdir))
     if record is None:
         return None
-    return ml_collections.ConfigDict(_tuples(record["config"]))
-
-
-def stored_experiment(workdir: str | pathlib.Path) -> str | None:
-    record = _read_record(local_workdir(workdir))
-    return None if record is None else record.get("experiment")
+    return config_from_json(record["config"])
 
 
 def _usable_folder(workdir: str | pathlib.Path) -> pathlib.Path:
@@ -213,8 +210,10 @@ def _read_record(folder: pathlib.Path) -> dict | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RunFolderError(f"{path}: cannot be read as the run's identity ({error}); it is "
                              f"written when the folder is first used") from None
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        raise RunFolderError(f"{path}: no 'config' object; it is not a run.json asyncrl wrote")
+    if not isinstance(record, dict) or not all(
+            isinstance(record.get(key), dict) for key in ("config", "identity")):
+        raise RunFolderError(f"{path}: no 'config' and 'identity' objects; it is not a run.json "
+                             f"asyncrl wrote")
     return record
 
 
@@ -225,11 +224,10 @@ def _differences(record: dict, config: ml_collections.ConfigDict,
             record.get("experiment_file"), record["experiment"].partition(":")[2]) != (
             _experiment_file(experiment), experiment.partition(":")[2]):
         found.append(f"experiment {record['experiment']} (this run: {experiment})")
-    stored = record.get("identity")
-    if stored is None:  # a record written before identities were kept beside the config
-        stored = identity_fields(ml_collections.ConfigDict(_tuples(record["config"])))
+    # As recorded, not derived from the stored config again: its paths were resolved from
+    # the directory the run started in.
     found += [f"config.{name} = {there!r} there, {here!r} here"
-              for name, here, there in _differing(identity_fields(config), stored)]
+              for name, here, there in _differing(identity_fields(config), record["identity"])]
     return found
 
 
@@ -272,30 +270,6 @@ def folder_write_error(folder: pathlib.Path, error: OSError) -> RunFolderError:
                               f"--workdir, then rerun: the run resumes from its last checkpoint")
     return RunFolderError(f"workdir {folder}: cannot write {error.filename or folder}: "
                           f"{error.strerror or error}")
-
-
-def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """`config` as JSON data, as run.json records it (and --print_config prints it): tuples
-    as lists, anything not JSON as its repr."""
-    return _plain(config.to_dict())
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return repr(value)
-
-
-def _tuples(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _tuples(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return tuple(_tuples(v) for v in value)
-    return value
 
 
 def _flatten(prefix: str, value: Any) -> dict[str, Any]:
