@@ -6,6 +6,7 @@ Kept free of heavy imports so configs that must not load JAX (the simulator's) c
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
@@ -52,14 +53,15 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
     return parsed
 
 
-def config_json(config: ml_collections.ConfigDict) -> dict[str, Any]:
-    """`config` as JSON data, as a run folder's run.json records it and --print_config prints
-    it: tuples as lists, anything not JSON as its repr."""
-    return _plain(config.to_dict())
+def config_json(config) -> dict[str, Any]:
+    """`config` (a ConfigDict, or the RunSpec resolved from one) as JSON data, as a run
+    folder's run.json records it and --print_config prints it: tuples as lists, anything not
+    JSON as its repr."""
+    return _plain(config.as_dict() if hasattr(config, "as_dict") else config.to_dict())
 
 
 def _plain(value: Any) -> Any:
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]

@@ -43,7 +43,12 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     quiet_libraries()
-    import jax  # here, not at the top: a bad flag is reported without waiting for JAX
+    from asyncrl.config import resolve
+
+    # Every field checked once, before JAX loads and before Ray, a trainer group or JAX's
+    # backend starts; the run and the group's followers read this spec.
+    spec = resolve(_CONFIG.value)
+    import jax  # here, not at the top: a bad flag or field is reported without waiting for JAX
 
     from asyncrl.trainer_actors import form_group
 
@@ -55,8 +60,8 @@ def main(argv):
     experiment = experiment_name(config_flag)
     # On every process, before anything (the trainer group's start included) writes there:
     # another run's folder is refused as it is. Process 0 records this run in it (asyncrl/run).
-    check_identity(workdir, _CONFIG.value, experiment, _RESUME_ANYWAY.value)
-    group = form_group(_CONFIG.value, workdir)
+    check_identity(workdir, spec, experiment, _RESUME_ANYWAY.value)
+    group = form_group(spec, workdir)
     from asyncrl.run import run
 
     logging.info("process %d of %d, devices: %s", jax.process_index(), jax.process_count(),
@@ -70,7 +75,7 @@ def main(argv):
     signal.signal(signal.SIGINT, request_stop)
     signal.signal(signal.SIGTERM, request_stop)
     with group:  # then the followers' ends are awaited and their errors surfaced
-        run(_CONFIG.value, workdir, stop=stop, experiment=experiment,
+        run(spec, workdir, stop=stop, experiment=experiment,
             resume_anyway=_RESUME_ANYWAY.value)
 
 

@@ -8,6 +8,7 @@ them without TensorFlow; W&B (the optional `wandb` extra) writes under <workdir>
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -16,10 +17,37 @@ import secrets
 from typing import Any, Iterable
 
 import numpy as np
-from tensorboardX import SummaryWriter
 
-from asyncrl.config_args import config_json
 from asyncrl.errors import UserError
+from asyncrl.sections import Section, fail, section
+
+# The W&B sink's modes; the version the `wandb` extra pins (pyproject.toml), for the error
+# that says how to install it.
+WANDB_MODES = ("online", "offline")
+WANDB_REQUIREMENT = "wandb==0.31.0"
+
+
+@section
+class LogSection(Section):
+    """`config.log`: the optional W&B sink, checked before anything loads, not when the
+    run's first row is written."""
+
+    name = "log"
+    wandb: bool
+    wandb_project: str
+    wandb_entity: str  # '': the logged-in user's default
+    wandb_mode: str
+
+    def check(self) -> None:
+        if self.wandb_mode not in WANDB_MODES:
+            fail("log.wandb_mode", self.wandb_mode, f"one of {', '.join(map(repr, WANDB_MODES))}")
+        if not self.wandb_project:
+            fail("log.wandb_project", self.wandb_project, "a W&B project name")
+
+    def check_installed(self) -> None:
+        if self.wandb and importlib.util.find_spec("wandb") is None:
+            fail("log.wandb", True, f"wandb is not installed: pip install {WANDB_REQUIREMENT} "
+                 f"(or pip install -e .[wandb])")
 
 
 def _plain(value: Any) -> Any:
@@ -37,16 +65,20 @@ def _plain(value: Any) -> Any:
 
 class MetricsWriter:
     def __init__(self, workdir: str | pathlib.Path, filename: str = "metrics.jsonl",
-                 resume_step: int = 0, config=None):
+                 resume_step: int = 0, log: LogSection | None = None,
+                 run_config: dict[str, Any] | None = None):
         """`resume_step`: the step the run restarts from. Rows a killed run logged after its
         last checkpoint describe steps that will run again: they move to
         `superseded.<filename>` (kept, not lost), so each step has one row.
-        `config`: the run's resolved config; with config.log.wandb its rows also go to W&B."""
+        `log`: with log.wandb the rows also go to W&B, which records `run_config` (the
+        run's config as JSON data) beside them."""
+        from tensorboardX import SummaryWriter  # here: checking a LogSection loads none of it
+
         self.workdir = pathlib.Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         # First: W&B is the sink that can refuse to start (not logged in).
-        self._wandb_sink = (WandbSink(self.workdir, config)
-                            if config is not None and config.log.wandb else None)
+        self._wandb_sink = (WandbSink(self.workdir, log, run_config or {})
+                            if log is not None and log.wandb else None)
         self.path = self.workdir / filename
         if self.path.exists():
             self._set_aside_rows_after(resume_step)
@@ -112,10 +144,10 @@ class WandbSink:
     run logged after its last checkpoint keep their first values there, unlike
     metrics.jsonl, where the rerun's replace them)."""
 
-    def __init__(self, workdir: pathlib.Path, config) -> None:
+    def __init__(self, workdir: pathlib.Path, log: LogSection, run_config: dict[str, Any]) -> None:
         import wandb  # the optional extra, imported only when config.log.wandb asks for it
 
-        self._wandb, log = wandb, config.log
+        self._wandb = wandb
         folder = workdir / "wandb"
         folder.mkdir(parents=True, exist_ok=True)
         id_file = folder / "asyncrl_run_id"
@@ -125,7 +157,7 @@ class WandbSink:
             self._run = wandb.init(
                 project=log.wandb_project, entity=log.wandb_entity or None, mode=log.wandb_mode,
                 dir=str(workdir), name=workdir.name, id=id_file.read_text().strip(),
-                resume="allow", config=config_json(config),
+                resume="allow", config=run_config,
                 # console="off": the console is the progress bar's, which W&B would capture
                 # line by line; root_dir: where W&B looks for the git commit it records.
                 settings=wandb.Settings(console="off", root_dir=os.getcwd()))

@@ -27,10 +27,68 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from asyncrl.sections import Section, fail, int_at_least, section
+
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
 ROLLOUT_AXIS = "tp"
+
+
+@section
+class MeshSection(Section):
+    """`config.mesh`: how many devices the trainer and each rollout instance take."""
+
+    name = "mesh"
+    trainer_devices: int
+    rollout_instances: int
+    devices_per_instance: int
+    colocate: bool
+
+    def check(self) -> None:
+        for field in ("trainer_devices", "rollout_instances", "devices_per_instance"):
+            int_at_least(f"mesh.{field}", getattr(self, field), 1)
+        if self.colocate and self.devices_per_instance > self.trainer_devices:
+            fail("mesh.devices_per_instance", self.devices_per_instance,
+                 f"colocated, each instance runs on devices of the trainer's mesh: at most "
+                 f"mesh.trainer_devices ({self.trainer_devices})")
+
+
+def check_devices(mesh: MeshSection, backend: str, device_count: int, processes: int = 1,
+                  process_index: int = 0) -> None:
+    """Whether this process's `device_count` local devices hold what it must place: a
+    follower of a trainer group its part of the trainer alone, a process with Ray instances
+    (distributed.backend) the trainer, else the trainer and every instance."""
+    t = mesh.trainer_devices
+    if process_index > 0:
+        if t > device_count:
+            fail("mesh.trainer_devices", t,
+                 f"at most the {device_count} local devices of trainer-group process "
+                 f"{process_index} (distributed.process_id): every process of the group "
+                 f"gives the trainer mesh that many of its own devices")
+        return
+    if backend == "ray":  # each instance actor brings its own devices
+        if mesh.colocate:
+            fail("mesh.colocate", True, "False with distributed.backend='ray': each instance "
+                 "actor owns its devices (colocate with the local backend)")
+        if t > device_count:
+            fail("mesh.trainer_devices", t,
+                 f"at most this host's {device_count} devices (the instances are Ray actors)")
+        return
+    needed = devices_needed(mesh)
+    if needed <= device_count:
+        return
+    cpu_hint = "on a CPU, set XLA_FLAGS=--xla_force_host_platform_device_count"
+    host = "this host" if processes == 1 else (
+        f"process 0 of the trainer group of {processes} (distributed.num_processes; it holds "
+        f"its part of the trainer and every instance)")
+    if mesh.colocate:
+        fail("mesh", f"colocated on {t} trainer devices", f"needs {needed} devices, {host} "
+             f"has {device_count} (lower mesh.trainer_devices; {cpu_hint})")
+    k = mesh.rollout_instances
+    fail("mesh", f"{t} + {k} × {mesh.devices_per_instance}", f"needs {needed} devices, {host} "
+         f"has {device_count} ({cpu_hint}; or share devices: --config.mesh.colocate=True runs "
+         f"the trainer and all {k} instances on the first mesh.trainer_devices ({t}) devices)")
 
 
 def devices_needed(mesh_cfg) -> int:

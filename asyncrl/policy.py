@@ -15,7 +15,9 @@ from typing import Any, Iterator
 from asyncrl.config_args import ConfigError
 from asyncrl.coordinator.messages import Prompt
 from asyncrl.data.arithmetic import Problem
+from asyncrl.data.section import TaskSection
 from asyncrl.data.tokenizer import char_tokenizer
+from asyncrl.model.section import ModelSection
 from asyncrl.model import (ModelConfig, default_policy_path, init_params, load_gguf, load_hf,
                            prompt_messages, resolve_chat_template)
 
@@ -46,7 +48,7 @@ class Policy:
         return self.tokenizer.decode(list(tokens), skip_special_tokens=True)
 
 
-def load_policy(model_cfg) -> Policy:
+def load_policy(model_cfg: ModelSection) -> Policy:
     dtype = model_cfg.param_dtype
     if model_cfg.checkpoint == "random":
         tokenizer = char_tokenizer()
@@ -62,13 +64,14 @@ def load_policy(model_cfg) -> Policy:
     return Policy(config, params, tokenizer, path)
 
 
-def encode(c, policy: Policy, problem: Problem) -> Prompt:
-    """A problem as the policy's prompt, checked against the rollout's prompt bucket."""
-    tokens = policy.encode_prompt(problem, c.task.chat_template, c.task.instruction,
-                                  c.task.system_prompt)
-    if len(tokens) > c.rollout.prompt_bucket:
+def encode(policy: Policy, problem: Problem, task: TaskSection, prompt_bucket: int) -> Prompt:
+    """A problem as the policy's prompt, in the words and template `task` asks for, checked
+    against the rollout's prompt bucket (config.rollout.prompt_bucket)."""
+    tokens = policy.encode_prompt(problem, task.chat_template, task.instruction,
+                                  task.system_prompt)
+    if len(tokens) > prompt_bucket:
         raise ConfigError(
-            f"config.rollout.prompt_bucket = {c.rollout.prompt_bucket} is shorter than "
+            f"config.rollout.prompt_bucket = {prompt_bucket} is shorter than "
             f"prompt {problem.prompt_id} ({len(tokens)} tokens: {problem.question!r})")
     return Prompt(problem.prompt_id, tokens)
 
@@ -77,14 +80,16 @@ class PromptStream:
     """The coordinator's prompt source: the train split in the data cursor's order, each
     problem rendered for the policy; `get` renders any problem again by its id."""
 
-    def __init__(self, c, policy: Policy, task, cursor: Iterator[Problem]):
-        self.c, self.policy, self.task, self.cursor = c, policy, task, cursor
+    def __init__(self, policy: Policy, task: TaskSection, prompt_bucket: int, split,
+                 cursor: Iterator[Problem]):
+        self.policy, self.task, self.prompt_bucket = policy, task, prompt_bucket
+        self.split, self.cursor = split, cursor
 
     def __iter__(self) -> "PromptStream":
         return self
 
     def __next__(self) -> Prompt:
-        return encode(self.c, self.policy, next(self.cursor))
+        return encode(self.policy, next(self.cursor), self.task, self.prompt_bucket)
 
     def get(self, prompt_id: int) -> Prompt:
-        return encode(self.c, self.policy, self.task[prompt_id])
+        return encode(self.policy, self.split[prompt_id], self.task, self.prompt_bucket)

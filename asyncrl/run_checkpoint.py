@@ -13,6 +13,8 @@ Import-light: the entry points split the host before JAX starts.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pathlib
 import sys
 
@@ -89,28 +91,29 @@ def _warn_differences(given, stored, folder: pathlib.Path) -> None:
 
 
 def load_params(c, checkpoint: str, step: int | None = None):
-    """(policy, params, folder) for `checkpoint`; folder, where its evaluation is written by
+    """(policy, params, folder) for `checkpoint`, read under the run spec `c`; folder, where its evaluation is written by
     default: the run folder (a step folder: itself), or the folder a model lies in. The
     config's model section describes the architecture a trainer checkpoint was saved from.
     `step`: that step of a run folder or checkpoints folder (default: the latest)."""
     import jax
 
     from asyncrl.policy import load_policy
-    from asyncrl.train.settings import train_config
     from asyncrl.train.checkpoint import restore_params
     from asyncrl.train.trainer import Trainer, trainer_mesh
 
+    from asyncrl.config import resolve
+
+    c = resolve(c, local_files=False)  # the weights need the model's section, not the data
     path = checked_path(checkpoint)
     root = None if checkpoint == "embedded" else trainer_checkpoint(path)
     if step is not None:
         root = _step_folder(checkpoint, root, step)
     if root is None:  # a model file or folder: it is the policy
-        c.model.checkpoint = checkpoint
-        policy = load_policy(c.model)
+        policy = load_policy(dataclasses.replace(c.model, checkpoint=checkpoint))
         return (policy, policy.params,
                 pathlib.Path.cwd() if checkpoint == "embedded" else path.parent)
     policy = load_policy(c.model)  # the architecture the trainer checkpoint was saved from
-    trainer = Trainer.create(train_config(c), policy.config,
+    trainer = Trainer.create(c.train_config(), policy.config,
                              trainer_mesh(jax.devices()[:c.mesh.trainer_devices]),
                              c.rollout.group_size)
     params, restored = restore_params(trainer, root)

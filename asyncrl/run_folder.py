@@ -109,7 +109,7 @@ def source_version() -> dict[str, Any]:
             return {"package_version": "unknown"}
 
 
-def identity_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
+def identity_fields(config) -> dict[str, Any]:
     """The IDENTITY_FIELDS of `config`, flattened to dotted names, as JSON values."""
     plain = config_json(config)
     fields: dict[str, Any] = {}
@@ -124,7 +124,7 @@ def identity_fields(config: ml_collections.ConfigDict) -> dict[str, Any]:
     return fields
 
 
-def check_identity(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
+def check_identity(workdir: str | pathlib.Path, config,
                    experiment: str | None, resume_anyway: bool = False) -> dict | None:
     """Raises RunFolderError unless `workdir` may hold this run; returns its run.json (None
     for a folder no run has used). Writes nothing."""
@@ -147,7 +147,7 @@ def check_identity(workdir: str | pathlib.Path, config: ml_collections.ConfigDic
     return record
 
 
-def claim(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
+def claim(workdir: str | pathlib.Path, config,
           experiment: str | None, resume_anyway: bool = False) -> None:
     """check_identity, then records this use in run.json: the whole identity on first use,
     a line (time, code version, what differed when resumed anyway) on each later one."""
@@ -171,7 +171,7 @@ def claim(workdir: str | pathlib.Path, config: ml_collections.ConfigDict,
     _write(folder, record)
 
 
-def _identity(config: ml_collections.ConfigDict, experiment: str | None) -> dict[str, Any]:
+def _identity(config, experiment: str | None) -> dict[str, Any]:
     """What run.json compares a later use against, besides the config it keeps whole."""
     return {"experiment": experiment, "experiment_file": _experiment_file(experiment),
             "config": config_json(config), "identity": identity_fields(config)}
@@ -217,7 +217,7 @@ def _read_record(folder: pathlib.Path) -> dict | None:
     return record
 
 
-def _differences(record: dict, config: ml_collections.ConfigDict,
+def _differences(record: dict, config,
                  experiment: str | None) -> list[str]:
     found = []
     if experiment and record.get("experiment") and (

@@ -207,14 +207,12 @@ class Group:
 
 
 def form_group(c, workdir: str) -> Group:
-    """Joins this process to its trainer group before JAX's backend starts: as process 0 of
+    """`c`: the run's spec (asyncrl.config.resolve: checked before Ray starts). Joins this process to its trainer group before JAX's backend starts: as process 0 of
     distributed.trainer_processes, after starting the other processes as Ray actors; or as
     distributed.* / JAX_* say (one process: nothing to join)."""
-    from asyncrl.config import validate_distributed
     from asyncrl.distributed.gpus import split_machine
     from asyncrl.distributed.trainer_group import initialize
 
-    validate_distributed(c)  # before Ray starts: a bad field costs nothing
     # Before JAX's backend starts here too: CUDA reads the GPUs this process keeps once.
     split_machine(c)
     d = c.distributed

@@ -40,8 +40,7 @@ from asyncrl.placement import place  # noqa: E402
 from asyncrl.rollout.engine import Engine  # noqa: E402
 from asyncrl.rollout.messages import Trajectory  # noqa: E402
 from asyncrl.rollout.slots import Slots  # noqa: E402
-from asyncrl.model.sampling import SamplingParams  # noqa: E402
-from asyncrl.train.settings import train_config  # noqa: E402
+from asyncrl.config import resolve  # noqa: E402
 from asyncrl.servers.parameters import ParameterServer  # noqa: E402
 from asyncrl.train.trainer import TrainBatch, Trainer, cast_floats  # noqa: E402
 from experiments.grpo import get_config  # noqa: E402
@@ -97,7 +96,7 @@ def measure_decode(graphdef, model: ModelConfig, params, mesh, c, slots: int, st
     prompt_len = bucket // 2
     max_len = bucket + max(c.rollout.max_new_tokens, steps + 4)
     engine = Engine(graphdef, model, num_slots=slots, max_len=max_len, prompt_buckets=(bucket,),
-                    sampling=SamplingParams.of_rollout(c.rollout), stop_tokens=(), seed=0,
+                    sampling=c.rollout.sampling(), stop_tokens=(), seed=0,
                     mesh=mesh, rules=ShardingRules.replicated())
     prompt = np.arange(3, 3 + prompt_len, dtype=np.int32) % model.vocab_size
     records, state = Slots(engine), engine.init_decode_state()
@@ -141,7 +140,7 @@ def synthetic_batch(model: ModelConfig, rows: int, length: int, group: int) -> T
 def measure_train(model: ModelConfig, mesh, c, repeats: int):
     rows = c.train.batch_size * c.rollout.group_size
     length = c.rollout.prompt_bucket + c.rollout.max_new_tokens
-    trainer = Trainer.create(train_config(c), model, mesh, c.rollout.group_size)
+    trainer = Trainer.create(c.train_config(), model, mesh, c.rollout.group_size)
     state = trainer.init_state()
     batch = trainer.put_batch(synthetic_batch(model, rows, length, c.rollout.group_size))
     start = time.perf_counter()
@@ -232,8 +231,9 @@ def main() -> None:
     device = jax.devices()[0]
     accelerator = device.platform != "cpu"
     scale = args.scale if args.scale != "auto" else ("default" if accelerator else "tiny")
-    c = get_config("tiny" if scale == "tiny" else None)
-    c.model.param_dtype = args.param_dtype or c.model.param_dtype
+    config = get_config("tiny" if scale == "tiny" else None)
+    config.model.param_dtype = args.param_dtype or config.model.param_dtype
+    c = resolve(config, local_files=False)
     mesh_cfg = ml_collections.ConfigDict({"trainer_devices": 1, "rollout_instances": 2,
                                           "devices_per_instance": 1, "colocate": True})
     trainer_mesh, rollout_meshes = place(mesh_cfg, [device])

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import dataclasses
 import importlib
 import json
@@ -107,15 +108,13 @@ def parse_args(argv=None):
 
 def overrides(c, pairs: list[str]) -> dict:
     """FIELD=VALUE strings as typed values: the field's current type decides the parse."""
-    from asyncrl.config import _get
-
     out = {}
     for pair in pairs:
         field, sep, text = pair.partition("=")
         if not sep:
             raise ConfigError(f"--override wants FIELD=VALUE, got {pair!r}")
         try:
-            current = _get(c, field)
+            current = functools.reduce(lambda node, part: node[part], field.split("."), c)
         except KeyError:
             raise ConfigError(f"--override: config has no field {field!r}") from None
         if isinstance(current, str):
@@ -147,8 +146,7 @@ class Seed:
         from asyncrl.data.sources import build_task_data
         from asyncrl.model import graphdef_for
         from asyncrl.policy import encode, load_policy
-        from asyncrl.rollout.engine import Engine, KVOptions
-        from asyncrl.model.sampling import SamplingParams
+        from asyncrl.rollout.engine import Engine
 
         self.c = c
         for module in c.rewards.plugins:  # rewards registered outside asyncrl, as a run's workers
@@ -159,13 +157,14 @@ class Seed:
         self.B, self.G = c.train.batch_size, c.rollout.group_size
         # Entry e is the cursor's e-th problem, as the coordinator draws them.
         problems = [next(self.data.cursor) for _ in range(c.train.steps * self.B)]
-        self.problems = [(p, encode(c, self.policy, p).tokens) for p in problems]
+        self.problems = [(p, encode(self.policy, p, c.task, c.rollout.prompt_bucket).tokens)
+                         for p in problems]
         self.max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
         self.engine = Engine(graphdef_for(self.policy.config), self.policy.config,
                              num_slots=c.rollout.num_slots, max_len=self.max_len,
                              prompt_buckets=(c.rollout.prompt_bucket,),
-                             sampling=SamplingParams.of_rollout(c.rollout), seed=c.seed,
-                             **KVOptions.of_rollout(c.rollout).engine_kwargs())
+                             sampling=c.rollout.sampling(), seed=c.seed,
+                             **c.rollout.kv_options().engine_kwargs())
 
     def sample(self, params, step: int, version: int):
         """Batch `step`'s groups (entries in order, members in order) sampled with `params`."""
@@ -246,8 +245,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     import jax
 
-    from asyncrl.config import with_overrides
-    from asyncrl.train.settings import train_config
+    from asyncrl.config import resolve, with_overrides
     from asyncrl.train.trainer import Trainer, trainer_mesh
 
     mesh = trainer_mesh(jax.devices()[:1])
@@ -257,21 +255,22 @@ def main(argv=None) -> dict:
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as workdir:
         for s in args.seeds:
-            c = build_config(args, s)
+            config = build_config(args, s)
+            c = resolve(config)
             seed = Seed(c, pathlib.Path(workdir))
             for variant in args.variants:
                 lag, loss = VARIANTS[variant]
-                config = train_config(c if loss is None else
-                                      with_overrides(c, {"train.policy_loss": loss}))
+                settings = (c if loss is None else resolve(with_overrides(
+                    config, {"train.policy_loss": loss}))).train_config()
                 # TrainConfig.seed seeds only a random init (the weights come from the policy
                 # here) and the state's rng, which the loss never reads: one compile serves
                 # every seed.
-                config = dataclasses.replace(config, seed=0)
-                if config not in trainers:
-                    trainers[config] = Trainer.create(config, seed.policy.config, mesh,
-                                                      c.rollout.group_size)
+                settings = dataclasses.replace(settings, seed=0)
+                if settings not in trainers:
+                    trainers[settings] = Trainer.create(settings, seed.policy.config, mesh,
+                                                        c.rollout.group_size)
                 t0 = time.perf_counter()
-                r, d = run_variant(seed, trainers[config], lag, args.steps)
+                r, d = run_variant(seed, trainers[settings], lag, args.steps)
                 rewards[variant].append(r)
                 digests[variant].append(d)
                 print(f"[lag] {variant} seed {s}: {time.perf_counter() - t0:.1f} s",

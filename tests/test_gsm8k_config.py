@@ -8,7 +8,7 @@ import pytest
 
 from asyncrl import policy as policy_lib
 from asyncrl.run import run
-from asyncrl.config import ConfigError, validate
+from asyncrl.config import ConfigError, resolve, validate
 from asyncrl.metrics import read_metrics
 from asyncrl.model import BOXED_SYSTEM_PROMPT
 from experiments.gsm8k import get_config
@@ -78,7 +78,9 @@ def test_prompts_use_the_checkpoints_template_and_the_boxed_system_prompt(files,
     from asyncrl.data.sources import build_task_data
 
     problem = build_task_data(c.task, 4, tmp_path).test[0]
-    text = policy.tokenizer.decode(list(policy_lib.encode(c, policy, problem).tokens),
+    spec = resolve(c)
+    text = policy.tokenizer.decode(list(policy_lib.encode(policy, problem, spec.task,
+                                                          spec.rollout.prompt_bucket).tokens),
                                    skip_special_tokens=False)
     assert text.startswith(f"<|im_start|>system\n{BOXED_SYSTEM_PROMPT}<|im_end|>\n<|im_start|>user\n")
     assert text.endswith(f"{problem.question}<|im_end|>\n<|im_start|>assistant\n")

@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from asyncrl.config import WANDB_REQUIREMENT, ConfigError, validate
+from asyncrl.config import ConfigError, resolve, validate
+from asyncrl.config_args import config_json
 from asyncrl.errors import UserError
-from asyncrl.metrics import MetricsWriter, read_metrics, steady_tokens_per_s
+from asyncrl.metrics import WANDB_REQUIREMENT, MetricsWriter, read_metrics, steady_tokens_per_s
 from experiments import grpo
 
 
@@ -144,7 +145,7 @@ def test_the_wandb_sink_gets_every_row_and_the_config_and_stops_its_service(
     c = grpo.get_config("tiny")
     c.log.wandb, c.log.wandb_mode = True, "offline"
     workdir = tmp_path / "run"
-    with MetricsWriter(workdir, config=c) as writer:
+    with MetricsWriter(workdir, log=resolve(c).log, run_config=config_json(c)) as writer:
         writer.write(1, {"reward_mean": 0.25, "loss": float("nan"), "evals_skipped": 0},
                      {"staleness": [0, 1, 1, 2]}, {"batch_digest": "ab12"})
         writer.write(2, {"reward_mean": 0.5, "loss": -0.5, "evals_skipped": 1})
@@ -161,7 +162,8 @@ def test_the_wandb_sink_gets_every_row_and_the_config_and_stops_its_service(
     config.pop("_wandb")  # W&B's own
     assert config == json.loads(json.dumps(c.to_dict()))  # the whole config, as JSON holds it
     # The same folder resumed: the same W&B run (its id kept in the folder), its later rows.
-    with MetricsWriter(workdir, resume_step=2, config=c) as writer:
+    with MetricsWriter(workdir, resume_step=2, log=resolve(c).log,
+                       run_config=config_json(c)) as writer:
         writer.write(3, {"reward_mean": 0.75})
     runs = sorted((workdir / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 2 and len({p.name for p in runs}) == 1  # run-<one id>.wandb
@@ -195,7 +197,7 @@ def test_wandb_online_without_a_login_is_one_user_error(tmp_path, wandb_offline,
     c.log.wandb, c.log.wandb_mode = True, "online"
     with pytest.raises(UserError, match=r"config.log.wandb: Weights & Biases did not start: "
                                         r".*wandb login.*--config.log.wandb_mode=offline"):
-        MetricsWriter(tmp_path / "run", config=c)
+        MetricsWriter(tmp_path / "run", log=resolve(c).log)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
     assert not [name for name in child_processes() if "wandb" in name]
 

@@ -19,8 +19,7 @@ import pytest
 
 from asyncrl.run import run
 from asyncrl.run.learning_signal import NoLearningSignal
-from asyncrl.train.settings import train_config
-from asyncrl.config import ConfigError, validate, with_overrides
+from asyncrl.config import ConfigError, resolve, validate, with_overrides
 from asyncrl.metrics import read_metrics
 from asyncrl.rewards.registry import exact_answer
 from asyncrl.train.checkpoint import CheckpointError
@@ -381,14 +380,14 @@ def test_bad_config_values_fail_up_front_naming_the_field(changes, message):
 
 
 def test_the_clip_settings_reach_the_loss():
-    assert train_config(tiny()).loss.eps == (0.2, 0.28)  # 0: the policy loss's own
-    loss = train_config(tiny(train__eps_high=0.4, train__tis_cap=0.0)).loss
+    assert resolve(tiny()).train_config().loss.eps == (0.2, 0.28)  # 0: the policy loss's own
+    loss = resolve(tiny(train__eps_high=0.4, train__tis_cap=0.0)).train_config().loss
     assert loss.eps == (0.2, 0.4) and loss.tis_cap is None
     with pytest.raises(ConfigError, match=r"config.train: unknown policy loss 'ppo'; registered: "
                        r"dapo, decoupled_ppo, grpo, gspo, uncorrected"):
-        train_config(tiny(train__policy_loss="ppo"))
+        resolve(tiny(train__policy_loss="ppo")).train_config()
     with pytest.raises(ConfigError, match=r"config.train: policy loss 'grpo' clips symmetrically"):
-        train_config(tiny(train__policy_loss="grpo", train__eps_high=0.3))
+        resolve(tiny(train__policy_loss="grpo", train__eps_high=0.3)).train_config()
 
 
 def test_a_misnamed_loss_fails_before_the_run_loads_data_or_model(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
 """The coordinator core of a run, built one way for the live run and the simulator.
 
 Both describe the core with the same `coordinator` section (asyncrl/coordinator/config.py)
-and differ only in where the run's shape comes from: the live config's staleness, train, mesh
-and rollout sections (`core_from_config`), or a simulated run's cluster and profile
-(`asyncrl.sim.build.core_from_sim_config`). `build_core` is the one place they meet.
+and differ only in where the run's shape comes from: the live run's staleness, train, mesh
+and rollout sections (`asyncrl.drivers.rollouts.core_from_config`), or a simulated run's
+cluster and profile (`asyncrl.sim.build.core_from_sim_config`). `build_core` is the one place
+they meet.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class RunShape:
 def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSource) -> Core:
     """The core a `coordinator` section describes, for a run of `shape`."""
     redundancy = build_redundancy(co.redundancy)
-    params = co.admission_params[co.admission].to_dict() if co.admission in co.admission_params else {}
+    params = dict(co.admission_params.get(co.admission, {}))
     if co.admission == "barrier":
         params.setdefault("recycle", co.partial_rollout)  # slime recycles partial rollouts
     admission = build_admission(
@@ -61,18 +62,3 @@ def build_core(co, shape: RunShape, server: TrajectoryServer, prompts: PromptSou
                 migration=build_migration_policy(co.migration),
                 migration_interval_s=co.migration_interval_s, partial_rollout=co.partial_rollout,
                 dynamic_sampling=co.dynamic_sampling, dispatch=co.dispatch, binding=co.binding)
-
-
-def live_shape(c, shared_cores: bool = False) -> RunShape:
-    """The shape of the live run config `c`; whether its instances share the trainer's CPU
-    cores, its rollout backend knows (`InstanceSet.shared_cores`)."""
-    return RunShape(eta=c.staleness.eta, lead=c.staleness.lead, batch_size=c.train.batch_size,
-                    num_instances=c.mesh.rollout_instances, num_slots=c.rollout.num_slots,
-                    group_size=c.rollout.group_size, max_new_tokens=c.rollout.max_new_tokens,
-                    shared_cores=shared_cores)
-
-
-def core_from_config(c, server: TrajectoryServer, prompts: PromptSource, *,
-                     shared_cores: bool = False) -> Core:
-    """The live run's core (`config.coordinator`, sized by `live_shape`)."""
-    return build_core(c.coordinator, live_shape(c, shared_cores), server, prompts)

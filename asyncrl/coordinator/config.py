@@ -1,16 +1,26 @@
-"""The `coordinator` section of a run config: one schema for the live run
-(experiments/grpo.py) and the simulator (asyncrl/sim/config.py), read by one builder
-(`asyncrl.coordinator.build.build_core`). A field added here exists in both, with one meaning,
-so a simulated run and a live one cannot be configured apart.
+"""The `coordinator` and `staleness` sections of a run config. The coordinator's is one schema
+for the live run (experiments/grpo.py) and the simulator (asyncrl/sim/config.py): its
+defaults (`coordinator_config`), its typed section and checks (`CoordinatorSection`, which
+both resolve it into) and one builder (`asyncrl.coordinator.build.build_core`). A field added
+here exists in both, with one meaning, so a simulated run and a live one cannot be
+configured apart.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 
 from asyncrl.config_args import missing_field
+from asyncrl.coordinator.admission import ADMISSIONS, LEADS, build_admission
+from asyncrl.coordinator.migration import MIGRATION_POLICIES
+from asyncrl.coordinator.redundancy import REDUNDANCY_POLICIES
+from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS, router_needs_latency
+from asyncrl.coordinator.sync import SYNC_POLICIES, build_sync_policy
+from asyncrl.sections import Section, fail, int_at_least, registered, section
 
 
 def coordinator_config(**defaults: Any) -> ml_collections.ConfigDict:
@@ -49,3 +59,72 @@ def coordinator_config(**defaults: Any) -> ml_collections.ConfigDict:
             raise missing_field(f"coordinator.{name}", list(co.keys()))
         co[name] = value
     return co
+
+
+@section
+class StalenessSection(Section):
+    """`config.staleness`: the bound η and how far ahead of the trainer rollouts run."""
+
+    name = "staleness"
+    eta: int
+    lead: str  # LEADS: 'auto' or 'max'
+
+    def check(self) -> None:
+        int_at_least("staleness.eta", self.eta, 0)
+        check_lead("staleness.lead", self.lead)
+
+
+def check_lead(field: str, lead: str) -> None:
+    if lead not in LEADS:
+        fail(field, lead, "'auto' (start rollouts only as far ahead as keeps the trainer fed) "
+             "or 'max' (as far ahead as η allows)")
+
+
+@section
+class CoordinatorSection(Section):
+    """`config.coordinator`, in the live run and the simulator alike (one schema, one check)."""
+
+    name = "coordinator"
+    admission: str
+    admission_params: Mapping[str, Mapping[str, Any]]
+    routing: str
+    dispatch: str
+    binding: str
+    latency_model: str
+    sync: str
+    partial_rollout: bool
+    migration: str
+    migration_interval_s: float
+    redundancy: str
+    dynamic_sampling: bool
+
+    def check(self) -> None:
+        for field, registry in (("admission", ADMISSIONS), ("routing", ROUTERS),
+                                ("sync", SYNC_POLICIES), ("dispatch", DISPATCH_MODES),
+                                ("binding", BINDINGS), ("migration", MIGRATION_POLICIES),
+                                ("redundancy", REDUNDANCY_POLICIES)):
+            registered(f"coordinator.{field}", getattr(self, field), registry)
+        if not self.migration_interval_s >= 0:
+            fail("coordinator.migration_interval_s", self.migration_interval_s,
+                 "expected seconds ≥ 0 (0: at every coordinator step)")
+
+    def check_admission_params(self, eta: int, batch_size: int) -> None:
+        """Every admission's parameters build that admission, whichever is chosen: an
+        override may switch to any of them."""
+        for admission, params in self.admission_params.items():
+            field = f"coordinator.admission_params.{admission}"
+            if admission not in ADMISSIONS:
+                fail(field, dict(params), f"registered admissions: {', '.join(ADMISSIONS.names())}")
+            try:
+                build_admission(admission, eta=eta, batch_size=max(batch_size, 1),
+                                redundant_batch_size=max(batch_size, 1),
+                                sync=build_sync_policy("greedy"), **params)
+            except (TypeError, ValueError) as error:
+                fail(field, dict(params), str(error))
+
+    def check_files(self) -> None:
+        """The latency model a router reads exists on this machine."""
+        if router_needs_latency(self.routing) and not os.path.isfile(self.latency_model):
+            fail("coordinator.latency_model", self.latency_model,
+                 f"{self.routing} routing needs the JSON fitted by python "
+                 f"benchmarks/profile_engine.py")

@@ -34,8 +34,6 @@ from asyncrl.distributed.transport import Sender, WeightHandle, make_sender
 from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.placement import split_by_process
-from asyncrl.rollout.engine import KVOptions
-from asyncrl.model.sampling import SamplingParams
 from asyncrl.train.trainer import trainer_mesh
 
 log = logging.getLogger(__name__)
@@ -132,11 +130,11 @@ class RayInstances:
         spec = InstanceSpec(
             model_config=self.policy.config, num_slots=c.rollout.num_slots,
             max_len=c.rollout.prompt_bucket + c.rollout.max_new_tokens,
-            prompt_bucket=c.rollout.prompt_bucket, sampling=SamplingParams.of_rollout(c.rollout),
+            prompt_bucket=c.rollout.prompt_bucket, sampling=c.rollout.sampling(),
             seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
             devices=c.mesh.devices_per_instance, transport=transport_name(d),
             transfer_host=d.transfer_host, pull_timeout_s=d.pull_timeout_s,
-            kv=KVOptions.of_rollout(c.rollout))
+            kv=c.rollout.kv_options())
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
         actor_class = ray.remote(InstanceActor).options(**instance_options(c))

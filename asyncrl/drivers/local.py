@@ -17,9 +17,8 @@ from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import ThreadedDriver
 from asyncrl.model import ShardingRules, graphdef_for, shardings_for
 from asyncrl.policy import Policy
-from asyncrl.rollout.engine import Engine, KVOptions
+from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
-from asyncrl.model.sampling import SamplingParams
 from asyncrl.servers.parameters import ParameterServer
 
 
@@ -39,11 +38,10 @@ class LocalInstances:
     def attach(self, driver: ThreadedDriver) -> None:
         c, policy = self.c, self.policy
         graphdef, rules = graphdef_for(policy.config), ShardingRules.replicated()
-        sampling = SamplingParams.of_rollout(c.rollout)
-        kv = KVOptions.of_rollout(c.rollout)
+        sampling, kv = c.rollout.sampling(), c.rollout.kv_options()
         for i, mesh in enumerate(self.meshes):
             engine = Engine(graphdef, policy.config, num_slots=c.rollout.num_slots,
-                            max_len=c.rollout.prompt_bucket + c.rollout.max_new_tokens,
+                            max_len=c.rollout.max_len,
                             prompt_buckets=(c.rollout.prompt_bucket,),
                             sampling=sampling, seed=c.seed, mesh=mesh, rules=rules,
                             **kv.engine_kwargs())

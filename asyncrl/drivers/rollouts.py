@@ -24,11 +24,12 @@ from typing import Any, Protocol
 import numpy as np
 
 from asyncrl.coordinator.admission import StaleFlow
-from asyncrl.coordinator.build import core_from_config
+from asyncrl.coordinator.build import RunShape, build_core
+from asyncrl.coordinator.core import Core
+from asyncrl.coordinator.records import PromptSource
 from asyncrl.coordinator.messages import Published
 from asyncrl.drivers.threaded import ThreadedDriver
 from asyncrl.policy import Policy, PromptStream
-from asyncrl.rewards import RewardPool
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.train.checkpoint import ResumeData
 
@@ -68,19 +69,22 @@ class InstanceSet(Protocol):
 
 
 class Rollouts:
-    def __init__(self, c, policy: Policy, data, instances: InstanceSet, parameters: WeightStore):
-        """Owns `instances` from here on: a build that fails closes it, as `stop` does."""
-        self.c, self.policy, self.task, self.cursor = c, policy, data.train, data.cursor
+    def __init__(self, spec, policy: Policy, data, instances: InstanceSet,
+                 parameters: WeightStore):
+        """`spec`: the run's (asyncrl.config.RunSpec). Owns `instances` from here on: a build
+        that fails closes it, as `stop` does."""
+        self.reward, self.policy, self.task, self.cursor = (spec.task.reward, policy, data.train,
+                                                             data.cursor)
         self.instance_set, self.parameters = instances, parameters
-        self.max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
+        self.max_len = spec.rollout.max_len
         self.server = TrajectoryServer()
         with contextlib.ExitStack() as undo:  # a failed build undoes what it built, last first
             undo.callback(instances.close)
-            self.rewards = RewardPool(c.rewards.workers, c.rewards.timeout_s,
-                                      plugins=tuple(c.rewards.plugins))
+            self.rewards = spec.rewards.pool()
             undo.callback(self.rewards.close)
-            self.core = core_from_config(c, self.server,
-                                         PromptStream(c, policy, data.train, data.cursor),
+            prompts = PromptStream(policy, spec.task, spec.rollout.prompt_bucket, data.train,
+                                   data.cursor)
+            self.core = core_from_config(spec, self.server, prompts,
                                          shared_cores=instances.shared_cores)
             # What a user should know about the run's lead before its first step (the run
             # shows it above the progress bar); None: nothing beyond the config.
@@ -93,7 +97,7 @@ class Rollouts:
                                   "them as far ahead as η allows")
             self.driver = ThreadedDriver(self.core, self.server, parameters, self.rewards,
                                          self._reward_request,
-                                         stall_timeout_s=c.rollout.stall_timeout_s)
+                                         stall_timeout_s=spec.rollout.stall_timeout_s)
             instances.attach(self.driver)
             undo.pop_all()
 
@@ -104,7 +108,7 @@ class Rollouts:
     def _reward_request(self, trajectory_id: int) -> tuple[str, str, dict[str, Any]]:
         record = self.server.record(trajectory_id)
         answer = self.task[record.prompt_id].answer
-        return self.c.task.reward, self.policy.decode(record.tokens), {"answer": answer}
+        return self.reward, self.policy.decode(record.tokens), {"answer": answer}
 
     # ---------------------------------------------------------------- running
 
@@ -180,3 +184,15 @@ class Rollouts:
         figures["prefill_tokens"] = float(prefill_tokens)
         figures.update(self.instance_set.figures(self.instances))
         return figures
+
+
+def core_from_config(spec, server: TrajectoryServer, prompts: PromptSource, *,
+                     shared_cores: bool = False) -> Core:
+    """The live run's core: its `coordinator` section, sized by its staleness, train, mesh
+    and rollout sections; whether the instances share the trainer's CPU cores, the rollout
+    backend knows (`InstanceSet.shared_cores`)."""
+    shape = RunShape(eta=spec.staleness.eta, lead=spec.staleness.lead,
+                     batch_size=spec.train.batch_size, num_instances=spec.mesh.rollout_instances,
+                     num_slots=spec.rollout.num_slots, group_size=spec.rollout.group_size,
+                     max_new_tokens=spec.rollout.max_new_tokens, shared_cores=shared_cores)
+    return build_core(spec.coordinator, shape, server, prompts)

@@ -53,19 +53,17 @@ def evaluate_checkpoint(c, checkpoint: str, output: str | None = None,
                         split: str = "validation") -> dict:
     from asyncrl import config as config_lib
     from asyncrl.data.sources import build_task_data
-    from asyncrl.eval.accuracy import Evaluator, describe
-    from asyncrl.model import graphdef_for
-    from asyncrl.policy import encode
+    from asyncrl.eval.accuracy import describe
+    from asyncrl.run import evaluator_for
 
-    config_lib.validate(c, jax.device_count())
+    c = config_lib.validate(c, jax.device_count())
     policy, params, folder = load_params(c, checkpoint)
     out = pathlib.Path(output) if output else folder / "eval.json"
     data = build_task_data(c.task, c.eval.heldout_size, out.parent)
     mesh = Mesh(jax.devices()[:1], ("tp",))
     responses = out.with_name(f"{out.stem}_responses.jsonl")
-    with contextlib.closing(Evaluator(c, graphdef_for(policy.config), policy.config, mesh, data,
-                                      lambda problem: encode(c, policy, problem).tokens,
-                                      policy.decode)) as evaluator:
+    evaluator = evaluator_for(c, policy, mesh, data)
+    with contextlib.closing(evaluator):
         result = evaluator(params, 0, "eval", split=split, responses_to=responses)
     figures = {"checkpoint": str(checkpoint), **dataclasses.asdict(result)}
     out.write_text(json.dumps(figures, indent=2))

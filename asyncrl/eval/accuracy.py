@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from asyncrl.data.heldout import EVAL_LABELS, VALIDATION
+from asyncrl.eval.section import EvalSection
 from asyncrl.model import ShardingRules, shardings_for
 from asyncrl.rewards import RewardPool
-from asyncrl.rewards.registry import format_check, strict_grader
+from asyncrl.rewards.registry import strict_grader
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.messages import Trajectory
 from asyncrl.rollout.slots import Slots
@@ -203,6 +204,17 @@ def evaluate_policy(greedy_engine: Engine, sampling_engine: Engine | None, param
         cut_rate=float(greedy.cut.mean()) if n else 0.0, grader=grader, grader_errors=errors)
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """What evaluation's engines share with the rollouts' (config.rollout, config.seed): the
+    slots, the prompt bucket, the sampling of pass@k's samples and the seed."""
+
+    num_slots: int
+    prompt_bucket: int
+    sampling: SamplingParams
+    seed: int
+
+
 class Evaluator:
     """A run's evaluation (config.eval) on one rollout mesh, on engines built at the first
     call: every evaluation of a run shares their compiles. `data` is the run's `TaskData`:
@@ -210,12 +222,18 @@ class Evaluator:
     ('validation' or 'test'), labelled by `data.eval_label`. Accuracy is graded by the strict
     grader of config.task.reward."""
 
-    def __init__(self, c, graphdef, model_config, mesh, data, encode: Callable[[Any], Sequence[int]],
-                 decode: Callable[[list[int]], str]):
-        self.c, self.graphdef, self.model_config, self.mesh = c, graphdef, model_config, mesh
+    def __init__(self, evaluation: EvalSection, engines: EngineSettings, graphdef, model_config,
+                 mesh, data, encode: Callable[[Any], Sequence[int]],
+                 decode: Callable[[list[int]], str], *, reward: str,
+                 reward_pool: Callable[[], RewardPool]):
+        """`reward`: the task's reward (config.task.reward), whose strict grader grades and
+        whose format the format rate checks; `reward_pool` starts the graders' workers."""
+        self.evaluation, self.engines = evaluation, engines
+        self.graphdef, self.model_config, self.mesh = graphdef, model_config, mesh
         self.data, self.encode, self.decode = data, encode, decode
-        self.grader = strict_grader(c.task.reward) if c is not None else ""
-        self.format_check = resolve_format_check(c) if c is not None else None
+        self.grader = strict_grader(reward)
+        self.format_check = evaluation.format_check(reward)
+        self.new_pool = reward_pool
         self.seconds = 0.0  # spent evaluating, over the run
         self._engines: tuple[Engine, Engine | None] | None = None  # greedy, sampled
         # Its graders' worker processes, started at the first call as the engines are and
@@ -226,29 +244,27 @@ class Evaluator:
         self._problems: dict[str, tuple[list, list[Sequence[int]]]] = {}
 
     def _engine(self, sampling: SamplingParams, num_slots: int) -> Engine:
-        c = self.c
+        e, max_new = self.engines, self.evaluation.max_new_tokens
         return Engine(self.graphdef, self.model_config, num_slots=num_slots,
-                      max_len=c.rollout.prompt_bucket + c.eval.max_new_tokens,
-                      prompt_buckets=(c.rollout.prompt_bucket,), sampling=sampling,
-                      max_new_tokens=c.eval.max_new_tokens,
+                      max_len=e.prompt_bucket + max_new, prompt_buckets=(e.prompt_bucket,),
+                      sampling=sampling, max_new_tokens=max_new,
                       # Its own seed: evaluation's trajectory ids reuse the rollouts' ids.
-                      seed=c.seed + 1, mesh=self.mesh, rules=ShardingRules.replicated())
+                      seed=e.seed + 1, mesh=self.mesh, rules=ShardingRules.replicated())
 
     def __call__(self, params, version: int, label: str, split: str = VALIDATION,
                  responses_to: pathlib.Path | None = None) -> EvalResult:
         """`responses_to`: a JSONL file that receives every greedy response with its problem,
         reference and grades (one line a problem), for a recount by other means."""
-        c = self.c
+        ev, e = self.evaluation, self.engines
         if split not in self._problems:
-            problems = self.data.split(split).take(0, c.eval.heldout_size)
+            problems = self.data.split(split).take(0, ev.heldout_size)
             self._problems[split] = (problems, [self.encode(p) for p in problems])
         problems, prompts = self._problems[split]
         if self._engines is None:
             # One problem's samples are inserted together: at least that many slots.
-            sampled = self._engine(SamplingParams.of_rollout(c.rollout),
-                                   max(c.rollout.num_slots, c.eval.samples)) if c.eval.samples else None
-            self._engines = (self._engine(SamplingParams(temperature=0.0), c.rollout.num_slots),
-                             sampled)
+            sampled = self._engine(e.sampling, max(e.num_slots, ev.samples)) \
+                if ev.samples else None
+            self._engines = (self._engine(SamplingParams(temperature=0.0), e.num_slots), sampled)
         greedy, sampled = self._engines
         # On a CPU host the engines read the caller's buffers, not a copy of them: the
         # caller's weights stay unchanged while this runs (a published version, a copy
@@ -260,14 +276,13 @@ class Evaluator:
                 write_responses(responses_to, problems, completions, self.grader)
 
         if self._pool is None:
-            self._pool = RewardPool(c.rewards.workers, c.rewards.timeout_s,
-                                    plugins=tuple(c.rewards.plugins))
+            self._pool = self.new_pool()
         result = evaluate_policy(
             greedy, sampled, params, prompts, [p.answer for p in problems], self.decode,
             functools.partial(grade_in_pool, self._pool, self.grader),
             is_formatted=(functools.partial(grade_in_pool, self._pool, self.format_check)
                           if self.format_check else None),
-            samples=c.eval.samples, pass_ks=tuple(c.eval.pass_k), version=version,
+            samples=ev.samples, pass_ks=ev.pass_k, version=version,
             eval_label=self.data.eval_label(split), grader=self.grader, on_greedy=save)
         self.seconds += result.seconds
         return result
@@ -348,15 +363,6 @@ class BackgroundEvaluator:
                 return
             with self._cond:
                 self._finished.append((version, result))
-
-
-def resolve_format_check(c) -> str | None:
-    """The format check config.eval.format_reward names: 'auto' is the one matching
-    config.task.reward's answer format (None for a reward of unknown format), '' none."""
-    setting = c.eval.format_reward
-    if setting == "auto":
-        return format_check(c.task.reward)
-    return setting or None
 
 
 def write_responses(path: pathlib.Path, problems, completions: Completions, grader: str) -> None:

@@ -25,6 +25,7 @@ import jax
 import tokenizers
 from tokenizers import processors
 
+from asyncrl.config import resolve
 from asyncrl.config_args import ConfigError
 from asyncrl.errors import UserError
 from asyncrl.model.chat import TEMPLATE_FILE, TOKENIZER_CONFIG, chat_template_text
@@ -42,6 +43,9 @@ def export_run(c, checkpoint: str, out: str | pathlib.Path, step: int | None = N
     wrote. `out` not empty is refused unless it holds an earlier export (the files this writes
     and no others) and `overwrite`; it is replaced only once the new folder is whole, so a
     failed export loses nothing."""
+    # The export reads the model, the prompt's template and the sampling: the task's data
+    # files need not be on this machine.
+    c = resolve(c, local_files=False)
     out = pathlib.Path(out)
     # Before the restore: a refusal costs nothing. The folder written is the resolved one:
     # `.` has no name to put the partial folder beside.

@@ -37,11 +37,6 @@ class SamplingParams:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
 
-    @classmethod
-    def of_rollout(cls, rollout) -> SamplingParams:
-        """The sampling a config's rollout section asks for (rollout and sampled evaluation)."""
-        return cls(temperature=rollout.temperature, top_k=rollout.top_k, top_p=rollout.top_p)
-
     @property
     def greedy(self) -> bool:
         return self.temperature == 0

@@ -105,12 +105,6 @@ class KVOptions:
     attention: str = "auto"
     preemption: str = "newest"
 
-    @classmethod
-    def of_rollout(cls, rollout) -> "KVOptions":
-        return cls(page_size=rollout.page_size or None, num_pages=rollout.num_pages or None,
-                   decode_steps=rollout.decode_steps_per_dispatch, attention=rollout.attention,
-                   preemption=rollout.preemption)
-
     def engine_kwargs(self) -> dict:
         return dict(page_size=self.page_size, num_pages=self.num_pages,
                     decode_steps=self.decode_steps, attention=self.attention)

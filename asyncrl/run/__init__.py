@@ -37,7 +37,7 @@ from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
 from asyncrl.distributed.trainer_ops import TrainerGroup
 from asyncrl.errors import local_workdir
-from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, Evaluator, resolve_format_check
+from asyncrl.eval.accuracy import BackgroundEvaluator, EngineSettings, EvalResult, Evaluator
 from asyncrl.model import graphdef_for
 from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
@@ -50,16 +50,18 @@ from asyncrl.run.timing import Chrono
 from asyncrl.servers.parameters import ParameterServer
 from asyncrl.train.checkpoint import restore_or_init
 from asyncrl.train.late_metrics import LateMetrics
-from asyncrl.train.settings import train_config
 from asyncrl.train.trainer import TrainBatch, Trainer
 
 log = logging.getLogger(__name__)
 
 
-def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
+def run(config, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
         on_built: Callable[[Rollouts], None] | None = None, experiment: str | None = None,
         resume_anyway: bool = False) -> dict[str, Any]:
     """Post-trains the policy asynchronously; returns (and writes) the before/after figures.
+
+    `config`: the experiment's ConfigDict (resolved here, once) or its RunSpec
+    (asyncrl.config.resolve).
 
     `stop`, once set (main sets it on SIGINT/SIGTERM), ends the run after the step in flight
     with a checkpoint; the same call resumes it. `on_built` sees the rollouts before they
@@ -73,11 +75,11 @@ def run(c, workdir: str | pathlib.Path, *, stop: threading.Event | None = None,
     stop = stop or threading.Event()
     workdir = local_workdir(workdir)
     with disk_full_is_user_error(workdir):
-        check(c)
+        spec = check(config)
         if jax.process_index() == 0:  # before anything is written there
-            run_folder.claim(workdir, c, experiment, resume_anyway)
+            run_folder.claim(workdir, spec, experiment, resume_anyway)
         workdir.mkdir(parents=True, exist_ok=True)
-        return _run(c, workdir, stop, on_built)
+        return _run(spec, workdir, stop, on_built)
 
 
 @contextlib.contextmanager
@@ -159,7 +161,7 @@ class Lead:
         self.chrono, self.late = Chrono(), LateMetrics()
         # Periodic evaluation on its own thread: the trainer hands the weights over and goes on.
         self.background = BackgroundEvaluator(evaluate, c.eval.split)
-        self.stated = answer_check(c, policy)
+        self.stated = answer_check(c.eval.format_check(c.task.reward), policy)
         self.signal = LearningSignalWatch(
             c.task.reward, "task.instruction / task.system_prompt", c.rollout.group_size)
         self.record: RunLog | None = None
@@ -186,7 +188,8 @@ class Lead:
         if "before" not in self.record.results:
             self.record.before(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
                                                   "before", self.workdir))
-        self.record.open(step, self.chrono, self.background, self.rollouts, self.c)
+        self.record.open(step, self.chrono, self.background, self.rollouts, self.c.log,
+                         self.c.as_dict())
         self.progress.start(step)
         self.rollouts.start(params, step)
 
@@ -302,12 +305,15 @@ def evaluate_reported(c, data, evaluate: Evaluator, params, step: int, when: str
                             responses_to=responses / f"{when}_test.jsonl")
 
 
-def check(c) -> None:
-    """What can refuse the config before anything loads, on every process of the run."""
+def check(config) -> config_lib.RunSpec:
+    """The run's spec, or what refuses the config before anything loads, on every process
+    of the run."""
     # Each process is checked for its own devices: see asyncrl/placement.py.
-    config_lib.validate(c, jax.local_device_count(), jax.process_count(), jax.process_index())
+    spec = config_lib.validate(config, jax.local_device_count(), jax.process_count(),
+                               jax.process_index())
     check_devices_per_process()
-    train_config(c)  # its loss names and ε are checked by the losses (JAX): before any loading
+    spec.train_config()  # its loss names and ε are checked by the losses (JAX): before any loading
+    return spec
 
 
 def build(c, workdir: pathlib.Path):
@@ -323,9 +329,17 @@ def build(c, workdir: pathlib.Path):
     layout = describe_layout(trainer_mesh, rollout_meshes)
     trainer = trainer_for(c, policy, trainer_mesh)
     rollouts = build_rollouts(c, policy, rollout_meshes, data)
-    evaluate = Evaluator(c, graphdef_for(policy.config), policy.config, rollout_meshes[0],
-                         data, lambda p: encode(c, policy, p).tokens, policy.decode)
-    return data, policy, layout, trainer, rollouts, evaluate
+    return data, policy, layout, trainer, rollouts, evaluator_for(c, policy, rollout_meshes[0], data)
+
+
+def evaluator_for(c, policy, mesh, data) -> Evaluator:
+    """The run's evaluation (its `eval` section) of `policy` on `mesh`: engines like the
+    rollouts' (slots, prompt bucket, sampling), the task's prompts and reward."""
+    engines = EngineSettings(num_slots=c.rollout.num_slots, prompt_bucket=c.rollout.prompt_bucket,
+                             sampling=c.rollout.sampling(), seed=c.seed)
+    return Evaluator(c.eval, engines, graphdef_for(policy.config), policy.config, mesh, data,
+                     lambda p: encode(policy, p, c.task, c.rollout.prompt_bucket).tokens,
+                     policy.decode, reward=c.task.reward, reward_pool=c.rewards.pool)
 
 
 
@@ -366,7 +380,7 @@ def follower_trainer(c):
 # The lead and the followers of a trainer group build and restore the trainer through these
 # two alone: a trainer that differed between processes would hang or garble the collectives.
 def trainer_for(c, policy, mesh) -> Trainer:
-    return Trainer.create(train_config(c), policy.config, mesh, c.rollout.group_size)
+    return Trainer.create(c.train_config(), policy.config, mesh, c.rollout.group_size)
 
 
 def restore(c, trainer: Trainer, policy, workdir: pathlib.Path):
@@ -386,10 +400,9 @@ def rollouts_for(c) -> tuple[Callable[..., Rollouts], Callable]:
     return local_rollouts, place
 
 
-def answer_check(c, policy) -> Callable[[list[int]], bool] | None:
-    """Whether a response's tokens state an answer in the format the task asks for (the
-    format check of config.eval.format_reward), or None without one."""
-    name = resolve_format_check(c)
+def answer_check(name: str | None, policy) -> Callable[[list[int]], bool] | None:
+    """Whether a response's tokens state an answer in the format the task asks for (`name`:
+    the format check config.eval.format_reward names), or None without one."""
     if name is None:
         return None
     check = REWARDS.get(name)

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from asyncrl.eval.accuracy import BackgroundEvaluator, EvalResult, describe
-from asyncrl.metrics import MetricsWriter, read_metrics, staleness_summary
+from asyncrl.metrics import LogSection, MetricsWriter, read_metrics, staleness_summary
 from asyncrl.rewards.watch import BatchAnswers, RewardHackingWatch
 from asyncrl.run.progress import Progress
 from asyncrl.run.timing import Chrono
@@ -79,12 +79,12 @@ class RunLog:
             self.results.setdefault("test", {})[when] = dataclasses.asdict(test)
 
     def open(self, step: int, chrono: Chrono, evaluations: BackgroundEvaluator, rollouts,
-             config) -> None:
+             log: LogSection, run_config: dict[str, Any]) -> None:
         """Starts the metrics rows at `step`; each row also reads the trainer's clock, the
-        periodic evaluations and the rollouts' figures. `config`: the run's (its `log`
-        section says where rows go besides metrics.jsonl and TensorBoard)."""
+        periodic evaluations and the rollouts' figures. `log` says where rows go besides
+        metrics.jsonl and TensorBoard; a W&B run records `run_config` (JSON data)."""
         self.chrono, self.evaluations, self.rollouts = chrono, evaluations, rollouts
-        self.writer = MetricsWriter(self.workdir, resume_step=step, config=config)
+        self.writer = MetricsWriter(self.workdir, resume_step=step, log=log, run_config=run_config)
 
     def wall_s(self) -> float:
         return self.earlier_wall_s + self.chrono.wall_s()

@@ -8,6 +8,7 @@ from __future__ import annotations
 from asyncrl.coordinator.build import RunShape, build_core
 from asyncrl.coordinator.core import Core
 from asyncrl.coordinator.records import PromptSource
+from asyncrl.sim.config import coordinator_section
 from asyncrl.servers.trajectory import TrajectoryServer
 from asyncrl.sim.profile import Profile
 
@@ -32,4 +33,5 @@ def sim_shape(c, profile: Profile, max_new_tokens: int) -> RunShape:
 
 def core_from_sim_config(c, profile: Profile, server: TrajectoryServer, prompts: PromptSource,
                          max_new_tokens: int) -> Core:
-    return build_core(c.coordinator, sim_shape(c, profile, max_new_tokens), server, prompts)
+    return build_core(coordinator_section(c), sim_shape(c, profile, max_new_tokens), server,
+                      prompts)

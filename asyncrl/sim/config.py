@@ -38,10 +38,7 @@ import copy
 import ml_collections
 
 from asyncrl.config_args import ConfigError
-from asyncrl.coordinator.admission import ADMISSIONS, LEADS
-from asyncrl.coordinator.config import coordinator_config
-from asyncrl.coordinator.routing import BINDINGS, DISPATCH_MODES, ROUTERS
-from asyncrl.coordinator.sync import SYNC_POLICIES
+from asyncrl.coordinator.config import CoordinatorSection, check_lead, coordinator_config
 
 # Fields that moved, and where they went: setting one fails naming its new place.
 MOVED = {
@@ -178,14 +175,6 @@ def check(c) -> None:
     for name, place in MOVED.items():
         if name in c and c[name]:
             raise ConfigError(f"{name}={c[name]!r}: this field moved to {place}")
-    ADMISSIONS.get(c.coordinator.admission)  # fails listing the registered names
-    if c.lead not in LEADS:
-        raise ConfigError(f"lead={c.lead!r}: one of {', '.join(map(repr, LEADS))}")
-    for name, registry in (("routing", ROUTERS), ("sync", SYNC_POLICIES),
-                           ("dispatch", DISPATCH_MODES), ("binding", BINDINGS)):
-        if c.coordinator[name] not in registry:
-            raise ConfigError(f"coordinator.{name}={c.coordinator[name]!r}: registered: "
-                              f"{', '.join(registry.names())}")
     for name, minimum in (("num_instances", 1), ("eta", 0), ("group_size", 1), ("warmup_steps", 0),
                           ("measure_steps", 1), ("batch_size", 0), ("num_slots", 0),
                           ("warmup_cycles", 0), ("measure_cycles", 1)):
@@ -200,6 +189,14 @@ def check(c) -> None:
             f"groups_per_instance={c.groups_per_instance!r}: must be > 0 when batch_size=0")
     if not c.train_gpus_per_instance > 0:
         raise ConfigError(f"train_gpus_per_instance={c.train_gpus_per_instance!r}: must be > 0")
-    if not c.coordinator.migration_interval_s >= 0:
-        raise ConfigError(f"coordinator.migration_interval_s={c.coordinator.migration_interval_s!r}: "
-                         "must be ≥ 0")
+    # The live run's checks of the same fields, not a copy of them.
+    coordinator_section(c).check_admission_params(c.eta, max(c.batch_size, 1))
+    check_lead("lead", c.lead)
+
+
+def coordinator_section(c) -> CoordinatorSection:
+    """The run config's `coordinator` section as the live run's spec holds it, checked by
+    the same rules (asyncrl/coordinator/config.py)."""
+    section = CoordinatorSection.from_node(c.coordinator, "coordinator")
+    section.check()
+    return section

@@ -13,14 +13,13 @@ import pytest
 import torch
 import transformers
 
-from asyncrl.config import with_overrides
+from asyncrl.config import resolve, with_overrides
 from asyncrl.data.arithmetic import Problem
 from asyncrl.errors import UserError
 from asyncrl.export.hf import export_run
 from asyncrl.model import apply, graphdef_for, resolve_chat_template
 from asyncrl.model.chat import CHAT_FORMATS, NAMED_TEMPLATES, ChatTemplate
 from asyncrl.policy import load_policy
-from asyncrl.train.settings import train_config
 from asyncrl.run_checkpoint import checkpoint_config, load_params
 from asyncrl.run_folder import claim
 from asyncrl.train.checkpoint import Checkpointer, CheckpointError, ResumeData
@@ -76,7 +75,7 @@ def trained_run(folder, source, chat_template):
                                       "task.chat_template": chat_template})
     claim(folder, c, "experiments/grpo.py")  # first, as a run records it
     policy = load_policy(c.model)
-    trainer = Trainer.create(train_config(c), policy.config, trainer_mesh(jax.devices()[:1]),
+    trainer = Trainer.create(resolve(c).train_config(), policy.config, trainer_mesh(jax.devices()[:1]),
                              c.rollout.group_size)
     rng = np.random.default_rng(0)
     params = jax.tree.map(lambda p: np.asarray(p) + rng.normal(0, 0.05, p.shape).astype(p.dtype),

@@ -20,7 +20,8 @@ import random
 
 import pytest
 
-from asyncrl.coordinator.build import core_from_config
+from asyncrl.config import resolve
+from asyncrl.drivers.rollouts import core_from_config
 from asyncrl.coordinator.messages import (BatchReady, Dispatch, Drop, Extract, Extracted, Failed,
                                           Finished, InstanceState, Prompt, Published, Score,
                                           Scored, Sync, Synced)
@@ -51,7 +52,7 @@ class Prompts:
 
 def live_core(c):
     server = TrajectoryServer()
-    return core_from_config(c, server, Prompts()), server
+    return core_from_config(resolve(c), server, Prompts()), server
 
 
 def sim_core(c, tmp_path):

@@ -20,7 +20,7 @@ import pytest
 import ray
 from jax.sharding import Mesh, SingleDeviceSharding
 
-from asyncrl.config import ConfigError, validate, with_overrides
+from asyncrl.config import ConfigError, resolve, validate, with_overrides
 from asyncrl.coordinator.messages import Finished
 from asyncrl.distributed.actor import InstanceActor, InstanceSpec
 from asyncrl.distributed.cluster import actor_environment, is_loopback, reported_addresses, start_local
@@ -36,7 +36,6 @@ from asyncrl.records import Trajectory
 from asyncrl.rollout.engine import Engine
 from asyncrl.rollout.instance import RolloutInstance
 from asyncrl.rollout.messages import Work
-from asyncrl.model.sampling import SamplingParams
 from asyncrl.run import run
 from asyncrl.servers.trajectory import TrajectoryServer
 from experiments.grpo import get_config
@@ -159,7 +158,7 @@ def test_the_remote_engine_draws_the_local_engines_tokens(ray_cluster):
     policy = load_policy(c.model)
     prompts = [(1, 5, 6, 7), (1, 9, 4)]
     max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
-    sampling, rules = SamplingParams.of_rollout(c.rollout), ShardingRules.replicated()
+    sampling, rules = resolve(c).rollout.sampling(), ShardingRules.replicated()
     local_mesh = Mesh(np.asarray(jax.devices()[1:2]), ("tp",))
 
     def local(server, reporter):

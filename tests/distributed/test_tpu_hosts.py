@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from asyncrl.config import ConfigError, validate_distributed, with_overrides
+from asyncrl.config import ConfigError, resolve, with_overrides
 from asyncrl.distributed.cluster import ClusterError, tpu_isolation
 from asyncrl.distributed.rollouts import instance_options
 from experiments.grpo import get_config
@@ -44,7 +44,7 @@ def test_each_tpu_instance_actor_is_a_slice_of_its_own_owning_its_hosts_first_ch
 def test_an_instance_size_no_tpu_host_holds_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"config.mesh.devices_per_instance = 3 is not allowed: "
                        r"1, 2, 4 or 8 with distributed.instance_platform = 'tpu'"):
-        validate_distributed(on_tpu_hosts(mesh__devices_per_instance=3))
+        resolve(on_tpu_hosts(mesh__devices_per_instance=3))
     with pytest.raises(ClusterError, match="owns 1, 2, 4 or 8 chips, not 3"):
         tpu_isolation(3)
 
@@ -53,8 +53,8 @@ def test_tpu_instances_on_a_one_machine_ray_head_are_refused():
     # Every instance would own the same first chips of the one host the trainer is on.
     with pytest.raises(ConfigError, match=r"config.distributed.instance_platform = 'tpu' is not "
                        r"allowed: not 'tpu' with distributed.ray_address = 'local'"):
-        validate_distributed(on_tpu_hosts(distributed__ray_address="local"))
-    validate_distributed(on_tpu_hosts())  # a cluster of hosts: one instance on each
+        resolve(on_tpu_hosts(distributed__ray_address="local"))
+    resolve(on_tpu_hosts())  # a cluster of hosts: one instance on each
 
 
 def test_the_launch_scripts_read_the_variables_from_the_command_line():

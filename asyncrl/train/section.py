@@ -1,0 +1,66 @@
+"""`config.train` and `config.checkpoint`: the optimisation, the loss's settings and when the
+run checkpoints. Import-light; the loss names are checked with the losses (JAX), in
+`asyncrl.train.settings.train_config`, before anything loads.
+"""
+
+from __future__ import annotations
+
+from asyncrl.model.remat import REMAT_POLICIES
+from asyncrl.sections import Section, fail, int_at_least, positive, registered, section
+
+
+@section
+class TrainSection(Section):
+    name = "train"
+    steps: int
+    batch_size: int  # B, in entries (prompts; each a group of rollout.group_size responses)
+    num_microbatches: int
+    learning_rate: float
+    lr_schedule: str
+    warmup_steps: int
+    weight_decay: float
+    max_grad_norm: float
+    advantage: str
+    policy_loss: str
+    aggregation: str
+    eps_low: float  # 0: the policy loss's own ε
+    eps_high: float
+    tis_cap: float  # 0: no cap
+    kl_coef: float
+    entropy_coef: float
+    remat: str
+    batch_timeout_s: float
+    stop_without_signal: bool
+
+    def check(self) -> None:
+        for field, minimum in (("batch_size", 1), ("steps", 1), ("num_microbatches", 1),
+                               ("warmup_steps", 0)):
+            int_at_least(f"train.{field}", getattr(self, field), minimum)
+        for field in ("learning_rate", "max_grad_norm", "batch_timeout_s"):
+            positive(f"train.{field}", getattr(self, field))
+        registered("train.remat", self.remat, REMAT_POLICIES)
+        if not 0 <= self.eps_low < 1:
+            fail("train.eps_low", self.eps_low, "expected a number in [0, 1) (0: the policy "
+                 "loss's own ε)")
+        if not self.eps_high >= 0:
+            fail("train.eps_high", self.eps_high, "expected a number ≥ 0 (0: the policy loss's "
+                 "own ε)")
+        if self.tis_cap < 0:
+            fail("train.tis_cap", self.tis_cap, "expected a number ≥ 0 (0 turns the cap off)")
+        if self.warmup_steps > self.steps:
+            fail("train.warmup_steps", self.warmup_steps, f"at most train.steps ({self.steps})")
+        if self.lr_schedule == "cosine" and self.warmup_steps == self.steps:
+            # optax's cosine needs a step to decay over: it would fail inside the first step.
+            fail("train.warmup_steps", self.warmup_steps,
+                 f"below train.steps ({self.steps}) with train.lr_schedule = 'cosine'")
+
+
+@section
+class CheckpointSection(Section):
+    name = "checkpoint"
+    every_steps: int  # 0: at the end only
+    keep: int
+
+    def check(self) -> None:
+        int_at_least("checkpoint.every_steps", self.every_steps, 0)
+        int_at_least("checkpoint.keep", self.keep, 1)
