@@ -13,6 +13,7 @@ them to it: tests/test_spec_sections.py).
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,11 +61,6 @@ class RunSpec:
 
         return train_config(self.train, self.rollout.sampling(), self.seed)
 
-    def as_dict(self) -> dict[str, Any]:
-        """JSON data (tuples stay tuples): what run.json and W&B record."""
-        return {f.name: (v.as_dict() if isinstance(v := getattr(self, f.name), Section) else v)
-                for f in dataclasses.fields(self)}
-
 
 SECTIONS = tuple(f.name for f in dataclasses.fields(RunSpec) if f.name != "seed")
 
@@ -79,7 +75,7 @@ def resolve(config: ml_collections.ConfigDict | RunSpec, *, local_files: bool = 
     """
     if isinstance(config, RunSpec):
         return config
-    hints = {f.name: f.type for f in dataclasses.fields(RunSpec)}
+    hints = typing.get_type_hints(RunSpec)
     given = list(config.keys())
     for key in given:
         if key not in hints:
@@ -88,7 +84,7 @@ def resolve(config: ml_collections.ConfigDict | RunSpec, *, local_files: bool = 
         if key not in given:
             raise ConfigError(f"config.{key} is missing: the config file must set every section "
                               f"(experiments/grpo.py sets them all)")
-    sections = {name: globals()[hints[name]] for name in SECTIONS}
+    sections = {name: hints[name] for name in SECTIONS}
     # A config with several faults reports them one at a time, in this order: the reward
     # plugins register their rewards before task.reward is looked up among them.
     order = ("rewards", "staleness", "train", "rollout", "mesh", "coordinator", "task", "eval",
@@ -101,11 +97,17 @@ def resolve(config: ml_collections.ConfigDict | RunSpec, *, local_files: bool = 
     int_at_least("seed", spec.seed, 0)
     _check_across(spec, processes)
     if local_files:
-        spec.model.check_files()
-        spec.task.check_files()
-        spec.coordinator.check_files()
-        spec.log.check_installed()
+        _check_files(spec)
     return spec
+
+
+def _check_files(spec: RunSpec) -> None:
+    """What the spec names on this machine: the model, the data, a router's latency model,
+    the W&B package. Each process of a trainer group checks its own machine."""
+    spec.model.check_files()
+    spec.task.check_files()
+    spec.coordinator.check_files()
+    spec.log.check_installed()
 
 
 def _check_across(spec: RunSpec, processes: int | None) -> None:
@@ -120,15 +122,13 @@ def _check_across(spec: RunSpec, processes: int | None) -> None:
 
 
 def _check_prompt(task: TaskSection) -> None:
-    """The prompt must ask for the format the reward reads: a boxed-only reward under
-    "Answer with only the number." scores every response 0 and learns nothing, without an
-    error anywhere."""
+    """The template's name is checked here, not by TaskSection: the data package may not
+    import the model's (tests/test_layers.py). The prompt must ask for the format the reward
+    reads: a boxed-only reward under "Answer with only the number." scores every response 0
+    and learns nothing, without an error anywhere."""
     if task.chat_template not in CHAT_TEMPLATE_SETTINGS:
         fail("task.chat_template", task.chat_template,
              f"one of {', '.join(map(repr, CHAT_TEMPLATE_SETTINGS))} ('auto': the checkpoint's own)")
-    if task.system_prompt and not task.chat_template:
-        fail("task.system_prompt", task.system_prompt,
-             "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
     if task.reward in BOXED_REWARDS and "\\boxed" not in f"{task.system_prompt} {task.instruction}":
         fail("task.instruction", task.instruction,
              f"task.reward = {task.reward!r} reads the final answer only from \\boxed{{}}, and "
@@ -173,6 +173,10 @@ def validate(config: ml_collections.ConfigDict | RunSpec, device_count: int, pro
     process 0's (asyncrl/placement.py), so each process is checked for what it must hold.
     """
     spec = resolve(config, local_files=local_files, processes=processes)
-    _check_batch_split(spec, processes)  # a spec resolved before the group's size was known
+    # A spec resolved elsewhere (main, before the group's size was known; the lead process,
+    # for a follower on another machine) is checked again for this process.
+    _check_batch_split(spec, processes)
+    if local_files and isinstance(config, RunSpec):
+        _check_files(spec)
     check_devices(spec.mesh, spec.distributed.backend, device_count, processes, process_index)
     return spec

@@ -6,6 +6,7 @@ Kept free of heavy imports so configs that must not load JAX (the simulator's) c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -57,10 +58,12 @@ def config_json(config) -> dict[str, Any]:
     """`config` (a ConfigDict, or the RunSpec resolved from one) as JSON data, as a run
     folder's run.json records it and --print_config prints it: tuples as lists, anything not
     JSON as its repr."""
-    return _plain(config.as_dict() if hasattr(config, "as_dict") else config.to_dict())
+    return _plain(config if dataclasses.is_dataclass(config) else config.to_dict())
 
 
 def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):  # a RunSpec and its sections
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

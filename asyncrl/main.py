@@ -46,7 +46,9 @@ def main(argv):
     from asyncrl.config import resolve
 
     # Every field checked once, before JAX loads and before Ray, a trainer group or JAX's
-    # backend starts; the run and the group's followers read this spec.
+    # backend starts; the run and the group's followers read this spec. (Checking imports
+    # the reward plugins: one that started a JAX backend on import would do it before the
+    # GPUs are split between this process and Ray, asyncrl/distributed/gpus.py.)
     spec = resolve(_CONFIG.value)
     import jax  # here, not at the top: a bad flag or field is reported without waiting for JAX
 

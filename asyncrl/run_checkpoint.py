@@ -14,7 +14,6 @@ Import-light: the entry points split the host before JAX starts.
 from __future__ import annotations
 
 import dataclasses
-
 import pathlib
 import sys
 
@@ -91,9 +90,10 @@ def _warn_differences(given, stored, folder: pathlib.Path) -> None:
 
 
 def load_params(c, checkpoint: str, step: int | None = None):
-    """(policy, params, folder) for `checkpoint`, read under the run spec `c`; folder, where its evaluation is written by
-    default: the run folder (a step folder: itself), or the folder a model lies in. The
-    config's model section describes the architecture a trainer checkpoint was saved from.
+    """(policy, params, folder) for `checkpoint`, read under the config or spec `c`; folder,
+    where its evaluation is written by default: the run folder (a step folder: itself), or
+    the folder a model lies in. The config's model section describes the architecture a
+    trainer checkpoint was saved from.
     `step`: that step of a run folder or checkpoints folder (default: the latest)."""
     import jax
 

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from asyncrl.config_args import ConfigError
+from asyncrl.config_args import ConfigError, missing_field
 
 
 def fail(field: str, value: Any, allowed: str) -> typing.NoReturn:
@@ -76,8 +76,7 @@ class Section:
         given = list(node.keys())
         unknown = [k for k in given if k not in declared]
         if unknown:
-            raise ConfigError(f"config.{name}.{unknown[0]}: no such field (have: "
-                              f"{', '.join(sorted(declared))})")
+            raise missing_field(f"{name}.{unknown[0]}", declared)
         missing = [k for k in declared if k not in given]
         if missing:
             raise ConfigError(f"config.{name}.{missing[0]} is missing: the config file must set "
@@ -87,20 +86,9 @@ class Section:
     def check(self) -> None:
         """The section's own rules (overridden); conversion has checked the types."""
 
-    def as_dict(self) -> dict[str, Any]:
-        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
-
 
 def _field_names(cls) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Section):
-        return value.as_dict()
-    if isinstance(value, Mapping):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
 
 
 def typed(value: Any, annotation: Any, field: str) -> Any:

@@ -207,14 +207,15 @@ class Group:
 
 
 def form_group(c, workdir: str) -> Group:
-    """`c`: the run's spec (asyncrl.config.resolve: checked before Ray starts). Joins this process to its trainer group before JAX's backend starts: as process 0 of
+    """Joins this process to its trainer group before JAX's backend starts: as process 0 of
     distributed.trainer_processes, after starting the other processes as Ray actors; or as
-    distributed.* / JAX_* say (one process: nothing to join)."""
+    distributed.* / JAX_* say (one process: nothing to join). `c`: the run's spec
+    (asyncrl.config.resolve: checked before Ray starts)."""
     from asyncrl.distributed.gpus import split_machine
     from asyncrl.distributed.trainer_group import initialize
 
     # Before JAX's backend starts here too: CUDA reads the GPUs this process keeps once.
-    split_machine(c)
+    split_machine(c.distributed, c.mesh)
     d = c.distributed
     if d.trainer_processes <= 1:
         initialize(d)
@@ -229,7 +230,7 @@ def form_group(c, workdir: str) -> Group:
     cluster = connect(d)
     followers: list[Follower] = []
     try:
-        check_cluster(c)  # Ray itself would wait for GPUs no node offers without end
+        check_cluster(c.distributed, c.mesh)  # Ray itself would wait for GPUs no node offers without end
         address = coordinator_address(loopback=d.ray_address == "local")
         actor_class = ray.remote(TrainerFollower).options(**follower_options(c))
         from asyncrl.distributed.code_version import CodeVersionError, code_version

@@ -139,7 +139,7 @@ def synthetic_batch(model: ModelConfig, rows: int, length: int, group: int) -> T
 
 def measure_train(model: ModelConfig, mesh, c, repeats: int):
     rows = c.train.batch_size * c.rollout.group_size
-    length = c.rollout.prompt_bucket + c.rollout.max_new_tokens
+    length = c.rollout.max_len
     trainer = Trainer.create(c.train_config(), model, mesh, c.rollout.group_size)
     state = trainer.init_state()
     batch = trainer.put_batch(synthetic_batch(model, rows, length, c.rollout.group_size))

@@ -159,7 +159,7 @@ class Seed:
         problems = [next(self.data.cursor) for _ in range(c.train.steps * self.B)]
         self.problems = [(p, encode(self.policy, p, c.task, c.rollout.prompt_bucket).tokens)
                          for p in problems]
-        self.max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
+        self.max_len = c.rollout.max_len
         self.engine = Engine(graphdef_for(self.policy.config), self.policy.config,
                              num_slots=c.rollout.num_slots, max_len=self.max_len,
                              prompt_buckets=(c.rollout.prompt_bucket,),

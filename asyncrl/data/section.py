@@ -41,6 +41,9 @@ class TaskSection(Section):
             if kind not in KINDS:
                 fail("task.kinds", self.kinds, f"registered kinds: {', '.join(KINDS.names())}")
         registered("task.reward", self.reward, REWARDS)
+        if self.system_prompt and not self.chat_template:
+            fail("task.system_prompt", self.system_prompt,
+                 "a system prompt needs a chat template (task.chat_template is '', raw prompts)")
         self._check_fields()
 
     def _check_fields(self) -> None:

@@ -86,20 +86,20 @@ def machine_gpus(environ=os.environ, listing: str = NVIDIA_GPUS) -> list[str]:
         return []
 
 
-def asks(c, environ=os.environ) -> list[Ask]:
-    """What the run's actors ask Ray for: the instances, and the trainer's followers if any."""
-    d = c.distributed
+def asks(d, mesh, environ=os.environ) -> list[Ask]:
+    """What the run's actors ask Ray for (`d`: config.distributed, `mesh`: config.mesh): the
+    instances, and the trainer's followers if any."""
     here = environ.get("JAX_PLATFORMS", "")  # a local head's actors inherit this process's
-    found = [Ask("distributed.instance_gpus", float(d.instance_gpus), c.mesh.rollout_instances,
+    found = [Ask("distributed.instance_gpus", float(d.instance_gpus), mesh.rollout_instances,
                  d.instance_platform or (here if d.ray_address == "local" else ""),
                  f"the GPUs of one instance (mesh.devices_per_instance = "
-                 f"{c.mesh.devices_per_instance}), or distributed.instance_platform = 'cpu'",
+                 f"{mesh.devices_per_instance}), or distributed.instance_platform = 'cpu'",
                  "mesh.rollout_instances")]
     if d.trainer_processes > 1:  # followers run on this process's platform (trainer_actors)
         found.append(Ask("distributed.trainer_gpus", float(d.trainer_gpus),
                          d.trainer_processes - 1, here,
                          f"the GPUs of the job's own trainer (mesh.trainer_devices = "
-                         f"{c.mesh.trainer_devices})", "distributed.trainer_processes"))
+                         f"{mesh.trainer_devices})", "distributed.trainer_processes"))
     return found
 
 
@@ -143,21 +143,20 @@ def check_asks(asks_: list[Ask], offered: list[float], where: str) -> None:
             + f"), {where} offers {total:g}: Ray would keep some waiting without end")
 
 
-def split_machine(c, environ=os.environ, listing: str = NVIDIA_GPUS) -> Split | None:
+def split_machine(d, mesh, environ=os.environ, listing: str = NVIDIA_GPUS) -> Split | None:
     """On one machine (ray_address='local') whose actors reserve GPUs: this process keeps the
     first mesh.trainer_devices GPUs, the Ray head gets the others (`ray_gpus`). Call it before
     JAX's backend starts here: CUDA reads CUDA_VISIBLE_DEVICES once. None: nothing split."""
     global _split
-    d = c.distributed
-    wanted = [a for a in asks(c, environ) if a.per_actor > 0]
+    wanted = [a for a in asks(d, mesh, environ) if a.per_actor > 0]
     if _split is not None or d.backend != "ray" or d.ray_address != "local" or not wanted:
         return _split
     gpus = machine_gpus(environ, listing)
     if not gpus:
         return None  # no GPU: Ray offers none, and check_asks says so after it starts
-    t = c.mesh.trainer_devices
+    t = mesh.trainer_devices
     split = Split(tuple(gpus[:t]), tuple(gpus[t:]))
-    check_asks(asks(c, environ), [float(len(split.ray))],
+    check_asks(asks(d, mesh, environ), [float(len(split.ray))],
                f"this machine ({len(gpus)} GPUs, the first mesh.trainer_devices = {t} kept for "
                f"the job's trainer, so {len(split.ray)} for the Ray head)")
     environ[VISIBLE] = ",".join(split.job)
@@ -193,9 +192,9 @@ def gpu_environment(gpus: float, environ=os.environ) -> dict[str, str]:
     return {MEM_FRACTION: f"{fraction * min(float(gpus), 1.0):.4g}", KEEP_VISIBLE: "0"}
 
 
-def check_cluster(c) -> None:
+def check_cluster(d, mesh) -> None:
     """`check_asks` against what the connected Ray cluster's live nodes offer."""
     import ray
 
     offered = [float(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
-    check_asks(asks(c), offered, f"the Ray cluster ({len(offered)} nodes)")
+    check_asks(asks(d, mesh), offered, f"the Ray cluster ({len(offered)} nodes)")

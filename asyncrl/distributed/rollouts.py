@@ -110,10 +110,10 @@ class RayInstances:
         self.shared_cores = (layout_mesh.devices.flat[0].platform == "cpu"
                              and c.distributed.instance_platform in ("", "cpu"))
         self.rejoiner: Rejoiner | None = None  # made with the instances, in attach
-        split_machine(c)  # a no-op after asyncrl.main's (before JAX): for runs started otherwise
+        split_machine(c.distributed, c.mesh)  # a no-op after asyncrl.main's (before JAX): for runs started otherwise
         self.cluster = connect(c.distributed)
         try:
-            check_cluster(c)  # Ray itself would wait for GPUs no node offers without end
+            check_cluster(c.distributed, c.mesh)  # Ray itself would wait for GPUs no node offers without end
             name, layout, kwargs = transport_name(c.distributed), None, {}
             if name == "jax_transfer":
                 layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
@@ -129,7 +129,7 @@ class RayInstances:
         c, d = self.c, self.c.distributed
         spec = InstanceSpec(
             model_config=self.policy.config, num_slots=c.rollout.num_slots,
-            max_len=c.rollout.prompt_bucket + c.rollout.max_new_tokens,
+            max_len=c.rollout.max_len,
             prompt_bucket=c.rollout.prompt_bucket, sampling=c.rollout.sampling(),
             seed=c.seed, partial_rollout=c.coordinator.partial_rollout,
             devices=c.mesh.devices_per_instance, transport=transport_name(d),

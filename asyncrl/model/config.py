@@ -280,3 +280,9 @@ def _architecture_of(hf: Mapping[str, Any]) -> str:
     raise ValueError(f"unknown architecture: architectures={classes!r}, "
                      f"model_type={hf.get('model_type')!r}; supported: {sorted(by_class)} "
                      f"(model_type {sorted(by_type)})")
+
+
+# What config.model.preset may name: the classmethods that build a ModelConfig from its name
+# alone (read from the class, so the list cannot drift from it).
+PRESETS = tuple(name for name, member in vars(ModelConfig).items()
+                if isinstance(member, classmethod) and not name.startswith(("_", "from_")))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 
-from asyncrl.model.config import ModelConfig
+from asyncrl.model.config import PARAM_DTYPES, PRESETS
 from asyncrl.sections import Section, fail, section
-
-PARAM_DTYPES = ("float32", "bfloat16")
 
 
 @section
@@ -18,9 +16,8 @@ class ModelSection(Section):
     param_dtype: str  # the trainer's master weights (rollout casts its copy)
 
     def check(self) -> None:
-        if not callable(getattr(ModelConfig, self.preset, None)) or self.preset.startswith(("_", "from_")):
-            fail("model.preset", self.preset, "the name of a ModelConfig preset "
-                 "(asyncrl/model/config.py), e.g. 'smollm2_135m' or 'tiny'")
+        if self.preset not in PRESETS:
+            fail("model.preset", self.preset, f"a ModelConfig preset: {', '.join(PRESETS)}")
         if self.param_dtype not in PARAM_DTYPES:
             fail("model.param_dtype", self.param_dtype, f"one of {', '.join(PARAM_DTYPES)}")
 

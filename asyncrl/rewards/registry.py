@@ -21,7 +21,7 @@ REWARDS = Registry("reward function")
 STRICT_GRADERS: dict[str, str] = {"answer_first": "exact_answer"}
 # reward -> the format check that says whether a response put an answer where it reads one
 FORMAT_CHECKS: dict[str, str] = {"exact_answer": "integer_format", "answer_first": "integer_format"}
-# rewards that read only `\boxed{}`: the prompt must ask for one (config.validate checks)
+# rewards that read only `\boxed{}`: the prompt must ask for one (asyncrl.config.resolve checks)
 BOXED_REWARDS: set[str] = set()
 
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from asyncrl import config as config_lib
 from asyncrl import run_folder
+from asyncrl.config_args import config_json
 from asyncrl.coordinator.records import Batch
 from asyncrl.data.sources import build_task_data
 from asyncrl.drivers.local import local_rollouts
@@ -189,7 +190,7 @@ class Lead:
             self.record.before(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
                                                   "before", self.workdir))
         self.record.open(step, self.chrono, self.background, self.rollouts, self.c.log,
-                         self.c.as_dict())
+                         config_json(self.c))
         self.progress.start(step)
         self.rollouts.start(params, step)
 

@@ -18,16 +18,18 @@ from asyncrl.train.trainer import TrainConfig
 def train_config(train: TrainSection, sampling: SamplingParams, seed: int) -> TrainConfig:
     """`sampling`: the rollout's (config.rollout), whose log-probs the loss corrects against;
     `seed`: the run's (config.seed)."""
+    # The loss and schedule names are checked here, not in config.resolve: their registries
+    # live beside the losses and optimizers, which need JAX. Still before anything loads.
     try:
         loss = LossConfig(advantage=train.advantage, policy_loss=train.policy_loss,
                           eps_low=train.eps_low or None, eps_high=train.eps_high or None,
                           tis_cap=train.tis_cap or None, kl_coef=train.kl_coef,
                           entropy_coef=train.entropy_coef, aggregation=train.aggregation)
-    except ValueError as error:  # checked here, not in config.resolve: the losses need JAX
+        return TrainConfig(loss=loss, learning_rate=train.learning_rate,
+                           lr_schedule=train.lr_schedule, warmup_steps=train.warmup_steps,
+                           total_steps=train.steps, weight_decay=train.weight_decay,
+                           max_grad_norm=train.max_grad_norm,
+                           num_microbatches=train.num_microbatches, remat=train.remat,
+                           sampling=sampling, seed=seed)
+    except ValueError as error:
         raise ConfigError(f"config.train: {error}") from None
-    return TrainConfig(loss=loss, learning_rate=train.learning_rate,
-                       lr_schedule=train.lr_schedule, warmup_steps=train.warmup_steps,
-                       total_steps=train.steps, weight_decay=train.weight_decay,
-                       max_grad_norm=train.max_grad_norm,
-                       num_microbatches=train.num_microbatches, remat=train.remat,
-                       sampling=sampling, seed=seed)

@@ -54,13 +54,13 @@ def test_each_actor_gets_its_own_gpus_and_the_driver_keeps_the_trainers(clean):
     os.environ[gpus.VISIBLE] = "0,1,2,3,4"
     c = one_vm(mesh__rollout_instances=2, distributed__instance_gpus=1.0,
                distributed__trainer_processes=2, distributed__trainer_gpus=1.0)
-    assert split_machine(c) == gpus.Split(("0",), ("1", "2", "3", "4"))
+    assert split_machine(c.distributed, c.mesh) == gpus.Split(("0",), ("1", "2", "3", "4"))
     assert os.environ[gpus.VISIBLE] == "0"  # this process's JAX would see its trainer's alone
     cluster = connect(c.distributed)
     try:
         assert os.environ[gpus.VISIBLE] == "0"  # put back once the head started
         assert ray.cluster_resources()["GPU"] == 4
-        check_cluster(c)
+        check_cluster(c.distributed, c.mesh)
         probe = ray.remote(Probe)
         actors = [probe.options(**instance_options(c)).remote(i) for i in range(2)]
         actors.append(probe.options(**follower_options(c)).remote(1))
@@ -86,7 +86,8 @@ def test_each_actor_gets_its_own_gpus_and_the_driver_keeps_the_trainers(clean):
         with pytest.raises(GPUError, match=r"distributed.instance_gpus = 5 for each of 1 actors, "
                            r"but the Ray cluster \(1 nodes\) has room for 0 such actors \(GPUs "
                            r"per node: 4\)"):
-            check_cluster(one_vm(mesh__rollout_instances=1, distributed__instance_gpus=5.0))
+            big = one_vm(mesh__rollout_instances=1, distributed__instance_gpus=5.0)
+            check_cluster(big.distributed, big.mesh)
     finally:
         cluster.close()
 
@@ -97,10 +98,11 @@ def test_a_split_that_leaves_too_few_gpus_is_refused_before_jax_starts(clean):
     with pytest.raises(GPUError, match=r"distributed.instance_gpus = 1 for each of 2 actors, but "
                        r"this machine \(3 GPUs, the first mesh.trainer_devices = 2 kept for the "
                        r"job's trainer, so 1 for the Ray head\) has room for 1 such actors"):
-        split_machine(c)
+        split_machine(c.distributed, c.mesh)
     assert os.environ[gpus.VISIBLE] == "0,1,2" and gpus.ray_gpus() is None  # nothing split
     # Actors that reserve no GPU: nothing to split, the Ray head finds the GPUs itself.
-    assert split_machine(one_vm()) is None and os.environ[gpus.VISIBLE] == "0,1,2"
+    vm = one_vm()
+    assert split_machine(vm.distributed, vm.mesh) is None and os.environ[gpus.VISIBLE] == "0,1,2"
 
 
 def test_actors_asking_no_gpu_where_gpus_are_offered_are_refused_naming_the_field():

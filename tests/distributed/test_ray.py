@@ -157,8 +157,8 @@ def test_the_remote_engine_draws_the_local_engines_tokens(ray_cluster):
     c = tiny(rollout__max_new_tokens=12, rollout__group_size=4, rollout__num_slots=8)
     policy = load_policy(c.model)
     prompts = [(1, 5, 6, 7), (1, 9, 4)]
-    max_len = c.rollout.prompt_bucket + c.rollout.max_new_tokens
-    sampling, rules = resolve(c).rollout.sampling(), ShardingRules.replicated()
+    spec = resolve(c)
+    max_len, sampling, rules = spec.rollout.max_len, spec.rollout.sampling(), ShardingRules.replicated()
     local_mesh = Mesh(np.asarray(jax.devices()[1:2]), ("tp",))
 
     def local(server, reporter):
