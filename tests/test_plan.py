@@ -1,5 +1,7 @@
-"""The planner: accelerator names, the real-shape configs, and plans compiled for a TPU v5e
-topology on this CPU (libtpu, no TPU): one placement that fits, one that cannot."""
+"""The planner: accelerator names, the real-shape configs, plans compiled for a TPU v5e
+topology on this CPU (libtpu, no TPU): one placement that fits, one that cannot; compiled
+costs with every loop counted, the paged kernel's cost from its block plan, predicted times
+with their bands and calibration, and the split of two kinds of chip."""
 
 import importlib.util
 import json
@@ -75,7 +77,14 @@ def test_the_tiny_config_fits_one_v5e_chip_each_side():
     assert min(plan["trainer"][k] for k in ("params_bytes", "optimizer_bytes",
                                             "activation_bytes")) > 0
     assert plan["rollout"]["kv_pages"] > 0 and plan["rollout"]["max_concurrent_sequences"] > 0
-    assert min(plan["predicted"].values()) > 0
+    assert set(plan["predicted"]) == {"train_step_s", "decode_step_s", "prefill_per_token_s",
+                                      "weight_sync_s"}
+    for time in plan["predicted"].values():  # no TPU measured: every time is a stated band
+        assert 0 < time["low"] <= time["value"] <= time["high"] and time["calibrated"] is False
+    printed = [line for line in done.stdout.splitlines()
+               if line.startswith(("  train step ", "  decode step ", "  prefill ",
+                                   "  weight sync "))]
+    assert len(printed) == 4 and all("] uncalibrated" in line for line in printed)
     recommended = plan["recommended"]
     assert recommended["trainer_chips"] + recommended["rollout_chips"] == 2
     assert recommended["eta"] >= 1 and recommended["predicted_staleflow_vs_sync"] > 0
@@ -146,7 +155,7 @@ def test_a_cpu_run_is_planned_as_one_host_figure_of_counted_parts():
 
 def test_a_host_that_cannot_hold_the_run_names_its_largest_part():
     from asyncrl.plan.hbm import DoesNotFit
-    from asyncrl.plan.planner import Part, check_host_fits
+    from asyncrl.plan.parts import Part, check_host_fits
 
     cpu = accelerators.parse("cpu")
     assert cpu.kind == "cpu" and cpu.chip.hbm_bytes > 0
@@ -159,3 +168,145 @@ def test_a_host_that_cannot_hold_the_run_names_its_largest_part():
     assert done.returncode == 2
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and "--trainer=cpu --rollout=cpu" in last
+
+
+def _train_step_cost(layers: int, unrolled: bool) -> dict:
+    """The tiny model's train step (2 micro-batches) compiled for this host's CPU: XLA's
+    figures and the loop-counted ones (asyncrl/plan/tpu_compile.py `analysis`)."""
+    import contextlib
+
+    import jax
+    import jax.numpy as jnp
+
+    from asyncrl.model.transformer import unrolled_layers
+    from asyncrl.plan.tpu_compile import analysis, compile_for
+    from asyncrl.train.trainer import (TrainBatch, TrainConfig, Trainer, trainer_mesh,
+                                       unrolled_microbatches)
+
+    devices = jax.devices("cpu")[:1]
+    trainer = Trainer.create(TrainConfig(num_microbatches=2, remat="full"),
+                             ModelConfig.tiny(num_layers=layers), trainer_mesh(devices), 4)
+    rows, length = 8, 32
+    batch = TrainBatch(*(jax.ShapeDtypeStruct((rows, length), dtype) for dtype in
+                         (jnp.int32, jnp.int32, jnp.float32, jnp.float32, jnp.int32)),
+                       jax.ShapeDtypeStruct((rows,), jnp.float32),
+                       jax.ShapeDtypeStruct((rows,), jnp.int32),
+                       jax.ShapeDtypeStruct((), jnp.int32), group_size=4)
+    with contextlib.ExitStack() as stack:
+        if unrolled:
+            stack.enter_context(unrolled_layers())
+            stack.enter_context(unrolled_microbatches())
+        return analysis(compile_for(trainer.step, (trainer.abstract_state(), batch), devices,
+                                    (0,)))
+
+
+def test_compiled_costs_count_every_layer_and_micro_batch():
+    rolled = {layers: _train_step_cost(layers, unrolled=False) for layers in (1, 2, 4)}
+    unrolled = _train_step_cost(2, unrolled=True)
+    # XLA counts a loop's body once: its own figure hardly moves with depth.
+    assert rolled[4]["xla_flops"] < 1.05 * rolled[2]["xla_flops"]
+    # The loops counted, the scanned program computes what the unrolled one does by XLA's
+    # own count (no loop left for it to undercount); on that loop-free program the count is
+    # XLA's own.
+    assert rolled[2]["flops"] == pytest.approx(unrolled["xla_flops"], rel=0.02)
+    assert unrolled["flops"] == pytest.approx(unrolled["xla_flops"], rel=0.02)
+    assert unrolled["bytes_accessed"] == pytest.approx(unrolled["xla_bytes_accessed"], rel=0.03)
+    # Bytes: the scanned program also slices each layer's weights out of the stack and
+    # updates the stacked gradients in every iteration, which the unrolled one does not.
+    assert unrolled["xla_bytes_accessed"] <= rolled[2]["bytes_accessed"] \
+        <= 1.2 * unrolled["xla_bytes_accessed"]
+    # Each layer adds the same work, in both micro-batches: two more layers, twice one.
+    assert rolled[4]["flops"] - rolled[2]["flops"] == pytest.approx(
+        2 * (rolled[2]["flops"] - rolled[1]["flops"]), rel=0.01)
+
+
+def test_the_ragged_kernel_copies_whole_blocks_of_pages():
+    from asyncrl.plan.kernel_cost import paged_decode_attention, ragged_paged_attention
+
+    shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=128, page_size=16, pages_per_seq=32,
+                 itemsize=2, pages_per_block=8, queries_per_block=2)
+    page = 16 * 2 * 2 * 128 * 2  # positions x (K and V of 2 kv heads) x head_dim x bf16
+    cost = ragged_paged_attention([1, 20, 300], **shape)
+    # Blocks of 8 pages (128 positions): 1 + 1 + 3, each copied whole, however few tokens.
+    assert cost.kv_bytes == 5 * 8 * page
+    queries = 2 * 2 * (2 * 4 * 128 * 2)  # 2 query blocks of [2, 4, 128], in and out
+    scalars = 4 * (3 + 3 * 32 + 4 + 3)  # kv_lens, page table, cu_q_lens, state, num_seqs
+    assert cost.bytes_accessed == cost.kv_bytes + queries + scalars
+    # Per KV head and block: 2 matmuls of 2 x (2 queries x 2 heads) x 128 keys x 128.
+    assert cost.flops == 5 * 2 * 2 * 2 * (2 * 2) * 128 * 128
+    # A sequence whose queries straddle two query blocks is visited in both.
+    assert ragged_paged_attention([3, 1], q_lens=[3, 1], **shape).kv_bytes == 3 * 8 * page
+    # As the model calls it (64 pages a row: blocks of all 64), a one-token row reads what
+    # a full one does: the whole page table.
+    model = ModelConfig.tiny(head_dim=128, num_layers=3, param_dtype="bfloat16")
+    short, full = (paged_decode_attention(model, [n] * 4, page_size=16, pages_per_row=64)
+                   for n in (1, 1024))
+    assert short.kv_bytes == full.kv_bytes == 3 * 4 * 64 * 16 * 2 * 2 * 128 * 2
+
+
+def test_splash_attention_visits_the_causal_tiles_of_its_block_plan():
+    from asyncrl.plan.kernel_cost import splash_attention
+
+    # 600 tokens pad to 640 = 5 tiles of 128 (640 is no multiple of 256 or 512): 15 of the
+    # 25 tile pairs lie on or below the diagonal.
+    one = splash_attention(rows=1, length=600, num_q_heads=1, num_kv_heads=1, head_dim=64,
+                           itemsize=2, backward=False)
+    assert one.flops == 15 * 4 * 128 * 128 * 64
+    tile = 128 * 64 * 2
+    assert one.bytes_accessed == 15 * 2 * tile + 5 * 2 * tile
+    # Rows and query heads multiply; full remat runs the forward twice; the backward is
+    # 14 t^2 H a pair.
+    trained = splash_attention(rows=3, length=600, num_q_heads=4, num_kv_heads=2, head_dim=64,
+                               itemsize=2, forward_passes=2)
+    assert trained.flops == 3 * 4 * (2 * one.flops + 15 * 14 * 128 * 128 * 64)
+    # 1,024 tokens: tiles of 512, 2 x 3 / 2 = 3 pairs.
+    assert splash_attention(rows=1, length=1024, num_q_heads=1, num_kv_heads=1, head_dim=64,
+                            itemsize=2, backward=False).flops == 3 * 4 * 512 * 512 * 64
+
+
+def test_a_measurement_backs_only_its_own_chip_and_regime():
+    from asyncrl.plan.predict import backing_measurement
+
+    default = ModelConfig.smollm2_135m()  # float32, as measured on the H200
+    h200, h100 = accelerators.parse("1xH200"), accelerators.parse("1xH100")
+    assert backing_measurement("decode", h200, default, paged=False, work=0.6e9) is not None
+    assert backing_measurement("train", h200, default, paged=False, work=3.4e12) is not None
+    for program, accelerator, model, paged, work in [
+            ("decode", h100, default, False, 0.6e9),  # another chip
+            ("decode", h200, default.replace(param_dtype="bfloat16"), False, 0.6e9),
+            ("decode", h200, default, True, 0.6e9),  # the paged engine was not measured
+            ("decode", h200, default, False, 15e9),  # a 7B step's weights: another regime
+            ("train", h200, default, False, 5e15)]:
+        assert backing_measurement(program, accelerator, model, paged=paged,
+                                   work=work) is None
+
+
+@pytest.mark.parametrize("gpu", ["1xH200", "1xH100"])
+def test_gpu_plans_are_calibrated_only_on_the_measured_chip(gpu):
+    done = _plan("--config=experiments/grpo.py", f"--trainer={gpu}", f"--rollout={gpu}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    predicted = json.loads(done.stdout.strip().splitlines()[-1])["predicted"]
+    for time in predicted.values():
+        assert 0 < time["low"] <= time["value"] <= time["high"]
+    measured = gpu == "1xH200"  # the default config is what was measured there
+    assert predicted["decode_step_s"]["calibrated"] is measured
+    assert predicted["train_step_s"]["calibrated"] is measured
+    assert not predicted["prefill_per_token_s"]["calibrated"]
+    assert not predicted["weight_sync_s"]["calibrated"]
+    if measured:  # the decode step measured there (2.95 ms at 16 slots) is in its band
+        assert predicted["decode_step_s"]["low"] <= 2.95e-3 <= predicted["decode_step_s"]["high"]
+
+
+@needs_libtpu
+def test_two_kinds_of_chip_are_split_by_the_simulator():
+    done = _plan("--config=experiments/grpo.py:tiny", "--trainer=v5e-4", "--rollout=v6e-4")
+    assert done.returncode == 0, done.stderr[-2000:]
+    recommended = json.loads(done.stdout.strip().splitlines()[-1])["recommended"]
+    # Both assignments were simulated, on shares of each pool.
+    rows = [line for line in done.stdout.splitlines() if " eta " in line and " + " in line]
+    assert any(line.split()[0].startswith("v5e") for line in rows)
+    assert any(line.split()[0].startswith("v6e") for line in rows)
+    assert any(line.split()[0] in ("v5e-1", "v5e-2") for line in rows)
+    picked = (recommended["trainer"], recommended["rollout"])
+    assert {p.split("-")[0] for p in picked} == {"v5e", "v6e"}
+    assert f"picked {picked[0]} + {picked[1]}" in done.stdout

@@ -24,20 +24,28 @@ def test_topology_names():
             topology_devices(bad)
 
 
-def test_paged_decode_reads_less_than_contiguous():
+def test_decode_bytes_count_every_layer_and_the_kernels_blocks():
     from asyncrl.model import ModelConfig
     from asyncrl.plan.decode_cost import decode_step_bytes
 
     # head_dim 128: the TPU ragged paged attention kernel needs a multiple of 128.
-    config = ModelConfig.tiny(head_dim=128, param_dtype="bfloat16")
-    shape = dict(num_seqs=8, max_len=128, mean_len=16, page_size=16, topology="v5e:1x1")
-    paged = decode_step_bytes(config, paged=True, **shape)
-    contiguous = decode_step_bytes(config, paged=False, **shape)
-    for result in (paged, contiguous):
-        assert result["corrected_bytes"] >= result["param_bytes"] > 0
-        # The scanned program counts one layer's body; unrolled counts both.
-        assert result["unrolled_bytes"] > result["xla_bytes"]
-    # The kernel reads only the live pages; XLA credits it with next to nothing itself.
-    assert paged["kernel_bytes"] >= paged["live_kv_bytes"]
-    assert paged["kernel_xla_bytes"] < paged["kernel_bytes"] / 10
+    config = ModelConfig.tiny(head_dim=128, param_dtype="bfloat16", max_seq_len=4096)
+    page = 16 * 2 * config.num_kv_heads * 128 * 2  # one page of K and V, bf16
+    for max_len in (128, 4096):
+        shape = dict(num_seqs=8, max_len=max_len, mean_len=16, page_size=16,
+                     topology="v5e:1x1")
+        paged = decode_step_bytes(config, paged=True, **shape)
+        contiguous = decode_step_bytes(config, paged=False, **shape)
+        for result in (paged, contiguous):
+            assert result["corrected_bytes"] >= result["param_bytes"] > 0
+            # XLA counts the layer loop's body once; every layer is counted here.
+            assert result["bytes"] > result["xla_bytes"]
+        # The kernel's DMAs copy blocks of min(W, 128) pages: 8 pages a row at max_len 128
+        # (the whole row, as a contiguous cache), 128 of 256 at 4,096. XLA credits it with
+        # next to nothing itself.
+        pages = min(max_len // 16, 128)
+        assert paged["kernel_kv_bytes"] == config.num_layers * 8 * pages * page
+        assert paged["kernel_xla_bytes"] < paged["kernel_bytes"] / 10
+    # With rows far shorter than max_len, the paged step reads less than the contiguous one
+    # only where a row has more pages than one block.
     assert paged["bytes_vs_ideal"] < contiguous["bytes_vs_ideal"]

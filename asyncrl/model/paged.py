@@ -81,7 +81,7 @@ def resolve_backend(backend: str, head_dim: int | None = None) -> str:
     """"auto": the TPU kernel when compiling for a TPU and it can take the shape, else the
     gather. The kernel tiles head_dim by TPU lanes: it needs a multiple of 128 (Qwen2.5-0.5B's
     64 fails inside it), so such models gather on TPU too."""
-    from asyncrl.model.transformer import _target_platform
+    from asyncrl.model.attention import target_platform
 
     if backend not in BACKENDS:
         raise ValueError(f"paged attention backend must be one of {BACKENDS}, got {backend!r}")
@@ -91,7 +91,7 @@ def resolve_backend(backend: str, head_dim: int | None = None) -> str:
                          f"the model's is {head_dim}: use 'auto' or 'gather'")
     if backend != "auto":
         return backend
-    return "tpu_ragged" if _target_platform() == "tpu" and kernel_fits else "gather"
+    return "tpu_ragged" if target_platform() == "tpu" and kernel_fits else "gather"
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):
@@ -117,16 +117,23 @@ def ragged_inputs(cache: PagedKVCache, q, positions):
             jnp.full((1,), batch, jnp.int32))
 
 
+def ragged_blocks(batch: int, pages_per_row: int) -> tuple[int, int]:
+    """The TPU kernel's block plan as the model calls it: (KV pages per block, queries per
+    block). Its own default blocks for TPU v5 and later, given explicitly: its lookup reads
+    the local device's TPU version, which a compile for a TPU topology from a CPU host lacks.
+    Each block's pages are copied whole (asyncrl/plan/kernel_cost.py counts them)."""
+    return min(pages_per_row, 128), min(batch, 32)
+
+
 def _attend_tpu_ragged(cache: PagedKVCache, q, positions, dtype):
     from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
 
     batch, _, kv_heads, groups, head_dim = q.shape
     args = ragged_inputs(cache, q, positions)
-    # The kernel's own default blocks for TPU v5 and later, given explicitly: its lookup reads
-    # the local device's TPU version, which a compile for a TPU topology from a CPU host lacks.
+    pages_per_block, queries_per_block = ragged_blocks(batch, cache.page_table.shape[1])
     out = ragged_paged_attention(*args, sm_scale=head_dim ** -0.5,
-                                 num_kv_pages_per_block=min(cache.page_table.shape[1], 128),
-                                 num_queries_per_block=min(batch, 32))
+                                 num_kv_pages_per_block=pages_per_block,
+                                 num_queries_per_block=queries_per_block)
     return out.reshape(batch, 1, kv_heads, groups, head_dim).astype(dtype)
 
 

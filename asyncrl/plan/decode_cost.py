@@ -4,25 +4,25 @@ against the least any decode step could move.
 Decode reads every weight and every live token's keys and values once per step and does
 little arithmetic on them, so its speed is set by bytes. The least a step can read is the
 parameters plus the KV of the tokens the sequences actually hold (`ideal`). A contiguous
-cache reads each row's whole max_len; a paged cache with the TPU ragged kernel reads only
-pages below each row's length. Their ratio to the ideal says how much of a step's memory
-traffic is waste.
+cache reads each row's whole max_len. A paged cache with the TPU ragged kernel reads what
+the kernel's DMAs copy: each row's pages in blocks of P = min(W, 128) whole pages, so at
+least P pages a row (asyncrl/plan/kernel_cost.py): with W <= 128 pages a row that is every
+row's whole page table, as much as the contiguous cache. Their ratio to the ideal says how
+much of a step's memory traffic is waste.
 
 The step is compiled for a TPU topology on this host (asyncrl/plan/tpu_compile.py) and measured
 with XLA's cost analysis, corrected for what that analysis cannot see:
-  - layers: the model scans its layers, and XLA counts a loop body once; the step is compiled
-    a second time with the scan unrolled (`unrolled_layers`) and that program's bytes taken;
+  - loops: the model scans its layers, and XLA counts a loop body once; `analysis` counts
+    every iteration (asyncrl/plan/hlo_cost.py);
   - the ragged paged attention kernel: XLA credits the Pallas custom call with nothing (the
     kernel declares no cost estimate), so what it is credited with, measured by
     `custom_call_bytes` (0 with libtpu 0.0.42.1), is taken off, and what it reads and writes
-    is added: each row's pages below its length, its queries and outputs, its scalar
-    arguments, in every layer.
+    is added, counted from its block plan (asyncrl/plan/kernel_cost.py), in every layer.
 XLA's bytes also count data the compiler stages through VMEM, at each hop, and how much it
-stages shifts with the program: the same paged step with a 4x larger pool reads 66% more
+stages shifts with the program: the same paged step with a 4x larger pool read 66% more
 by XLA's count (3.7 -> 6.1 GB at Qwen2.5-1.5B shape) though it touches the same pages. So a
-second figure takes that traffic out (`asyncrl.plan.tpu_compile.vmem_bytes`):
-hbm_bytes = corrected_bytes - 2 * vmem_bytes (3.23 and 3.26 GB for those two, before the
-kernel's reads are added).
+second figure takes that traffic out (`vmem_bytes`, from `analysis`):
+hbm_bytes = corrected_bytes - 2 * vmem_bytes.
 
     python -m asyncrl.plan.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
                                               # the worst ratio of each as one JSON line
@@ -40,9 +40,9 @@ import jax.numpy as jnp
 
 from asyncrl.model import ModelConfig, PagedKVCache, abstract_params
 from asyncrl.model.paged import _attend_tpu_ragged, live_kv_bytes
-from asyncrl.model.transformer import unrolled_layers
 from asyncrl.rollout.engine import Engine, _generate
 from asyncrl.model.sampling import SamplingParams
+from asyncrl.plan.kernel_cost import paged_decode_attention
 from asyncrl.plan.tpu_compile import analysis, compile_for, custom_call_bytes, topology_devices
 
 
@@ -56,7 +56,7 @@ _COMPILED: dict[tuple, dict] = {}
 def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: int | None,
                    num_pages: int | None, topology: str, sampling: SamplingParams,
                    cache_dtype: str) -> dict:
-    """What does not depend on the sequences' lengths: both compiles and the kernel's credit.
+    """What does not depend on the sequences' lengths: the compile and the kernel's credit.
     `decode_step_bytes` keeps it in _COMPILED, so a table over several mean lengths compiles
     each shape once."""
     devices = topology_devices(topology)
@@ -78,16 +78,12 @@ def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: 
            "num_pages": None if page_size is None else int(state.cache.shape[1])}
 
     start = time.perf_counter()
-    rolled = analysis(compile_for(step, args, devices, donate_argnums=(1,)))
+    compiled = analysis(compile_for(step, args, devices, donate_argnums=(1,)))
     out["compile_s"] = time.perf_counter() - start
-    start = time.perf_counter()
-    with unrolled_layers():
-        unrolled = analysis(compile_for(step, args, devices, donate_argnums=(1,)))
-    out["unrolled_compile_s"] = time.perf_counter() - start
-    out.update(xla_bytes=rolled["bytes_accessed"], unrolled_bytes=unrolled["bytes_accessed"],
-               vmem_bytes=unrolled["vmem_bytes"],
-               xla_flops=rolled["flops"], unrolled_flops=unrolled["flops"],
-               device_bytes=rolled.get("device_bytes"), temp_bytes=rolled.get("temp_bytes"))
+    out.update(xla_bytes=compiled["xla_bytes_accessed"], bytes=compiled["bytes_accessed"],
+               vmem_bytes=compiled["vmem_bytes"], xla_flops=compiled["xla_flops"],
+               flops=compiled["flops"], device_bytes=compiled.get("device_bytes"),
+               temp_bytes=compiled.get("temp_bytes"))
 
     out.update(kernel_xla_bytes=0.0, kernel_compile_s=0.0)
     if page_size is not None:
@@ -108,18 +104,6 @@ def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: 
     return out
 
 
-def _kernel_bytes(config: ModelConfig, num_seqs: int, max_len: int, mean_len: int,
-                  page_size: int, dtype) -> int:
-    """What the ragged paged attention kernel reads and writes in one step, all layers: each
-    row's pages below its length (`live_kv_bytes`), queries in and outputs out [B, N, H], and
-    its scalar-prefetched kv_lens [B], page_indices [B, W], cu_q_lens [B + 1], two
-    bookkeeping words and num_seqs [1]."""
-    pages = live_kv_bytes(config, [mean_len] * num_seqs, page_size, dtype)
-    queries = num_seqs * config.num_heads * config.head_dim * jnp.dtype(dtype).itemsize
-    scalars = 4 * (num_seqs + num_seqs * (max_len // page_size) + num_seqs + 1 + 2 + 1)
-    return pages + config.num_layers * (2 * queries + scalars)
-
-
 def decode_step_bytes(config: ModelConfig, *, num_seqs: int, max_len: int, mean_len: int,
                       page_size: int = 16, paged: bool, topology: str = "v5e:1x1",
                       num_pages: int | None = None,
@@ -130,18 +114,19 @@ def decode_step_bytes(config: ModelConfig, *, num_seqs: int, max_len: int, mean_
 
     paged: the page pool and the TPU ragged kernel (needs head_dim a multiple of 128), the
     pool sized like the engine's default, num_seqs * max_len / page_size pages (the
-    contiguous cache's memory), unless num_pages says otherwise; the kernel reads only the
-    pages below each row's length. Otherwise the contiguous cache [L, B, max_len, K, H].
-    Everything is replicated on every device of the topology, so a larger topology gives
-    the same per-chip figures.
+    contiguous cache's memory), unless num_pages says otherwise; the kernel copies each
+    row's pages in blocks (module docstring). Otherwise the contiguous cache
+    [L, B, max_len, K, H]. Everything is replicated on every device of the topology, so a
+    larger topology gives the same per-chip figures.
 
     Returns (bytes per step, per chip):
       xla_bytes        XLA's 'bytes accessed' of the program the engine runs (layers looped)
-      unrolled_bytes   the same program with its layer scan unrolled: every layer counted
+      bytes            the same with every loop iteration counted
       kernel_xla_bytes what XLA credits the paged kernel with in all layers (taken off)
-      kernel_bytes     what the paged kernel really reads and writes (added)
-      corrected_bytes  unrolled_bytes - kernel_xla_bytes + kernel_bytes
-      vmem_bytes       what the unrolled program's top-level ops write into VMEM
+      kernel_bytes     what the paged kernel's DMAs copy and it writes (added); of it
+      kernel_kv_bytes  the KV pages copied
+      corrected_bytes  bytes - kernel_xla_bytes + kernel_bytes
+      vmem_bytes       what the program's top-level ops write into VMEM
       hbm_bytes        corrected_bytes - 2 * vmem_bytes: an estimate of HBM traffic
       param_bytes, live_kv_bytes (num_seqs * mean_len tokens' K and V, all layers),
       ideal_bytes = param_bytes + live_kv_bytes, bytes_vs_ideal = corrected / ideal,
@@ -157,21 +142,24 @@ def decode_step_bytes(config: ModelConfig, *, num_seqs: int, max_len: int, mean_
     key = (config, num_seqs, max_len, page_size if paged else None,
            num_pages if paged else None, topology, sampling, dtype.name)
     if key in _COMPILED:
-        step = dict(_COMPILED[key], compile_s=0.0, unrolled_compile_s=0.0, kernel_compile_s=0.0)
+        step = dict(_COMPILED[key], compile_s=0.0, kernel_compile_s=0.0)
     else:
         step = _COMPILED[key] = _compiled_step(*key)
 
-    kernel_bytes = (_kernel_bytes(config, num_seqs, max_len, mean_len, page_size, dtype)
-                    if paged else 0)
-    corrected = step["unrolled_bytes"] - step["kernel_xla_bytes"] + kernel_bytes
+    kernel = (paged_decode_attention(config, [mean_len] * num_seqs, page_size=page_size,
+                                     pages_per_row=max_len // page_size, cache_dtype=dtype)
+              if paged else None)
+    kernel_bytes = kernel.bytes_accessed if kernel else 0.0
+    corrected = step["bytes"] - step["kernel_xla_bytes"] + kernel_bytes
     live = live_kv_bytes(config, [mean_len] * num_seqs, 1, dtype)
     ideal = step["param_bytes"] + live
     hbm = corrected - 2 * step["vmem_bytes"]
     return {"topology": topology, "paged": paged, "num_seqs": num_seqs, "max_len": max_len,
             "mean_len": mean_len, "page_size": page_size if paged else None, **step,
-            "kernel_bytes": kernel_bytes, "corrected_bytes": corrected,
-            "hbm_bytes": hbm, "live_kv_bytes": live, "ideal_bytes": ideal,
-            "bytes_vs_ideal": corrected / ideal, "hbm_bytes_vs_ideal": hbm / ideal}
+            "kernel_bytes": kernel_bytes, "kernel_kv_bytes": kernel.kv_bytes if kernel else 0.0,
+            "corrected_bytes": corrected, "hbm_bytes": hbm, "live_kv_bytes": live,
+            "ideal_bytes": ideal, "bytes_vs_ideal": corrected / ideal,
+            "hbm_bytes_vs_ideal": hbm / ideal}
 
 
 def _qwen2_5(size: str) -> ModelConfig:
@@ -193,19 +181,18 @@ def table(settings=SETTINGS, num_seqs: int = 64) -> list[dict]:
     """decode_step_bytes for each (model size, paged, max_len, mean_len), printed as it goes."""
     print(f"{'model':12} {'engine':10} {'max_len':>7} {'mean_len':>8} {'xla GB':>7} "
           f"{'corr GB':>7} {'hbm GB':>7} {'ideal GB':>8} {'ratio':>6} {'hbm ratio':>9} "
-          f"{'compile s (rolled, unrolled, kernel)':>36}")
+          f"{'compile s (step, kernel)':>24}")
     rows = []
     for size, paged, max_len, mean_len in settings:
         r = decode_step_bytes(_qwen2_5(size), num_seqs=num_seqs, max_len=max_len,
                               mean_len=mean_len, page_size=16, paged=paged)
         rows.append(dict(r, model=f"Qwen2.5-{size}"))
-        seconds = (f"{r['compile_s']:.1f}, {r['unrolled_compile_s']:.1f}, "
-                   f"{r['kernel_compile_s']:.1f}")
+        seconds = f"{r['compile_s']:.1f}, {r['kernel_compile_s']:.1f}"
         print(f"Qwen2.5-{size:5} {'paged' if paged else 'contiguous':10} "
               f"{max_len:7d} {mean_len:8d} {r['xla_bytes'] / 1e9:7.3f} "
               f"{r['corrected_bytes'] / 1e9:7.3f} {r['hbm_bytes'] / 1e9:7.3f} "
               f"{r['ideal_bytes'] / 1e9:8.3f} {r['bytes_vs_ideal']:6.2f} "
-              f"{r['hbm_bytes_vs_ideal']:9.2f} {seconds:>36}", flush=True)
+              f"{r['hbm_bytes_vs_ideal']:9.2f} {seconds:>24}", flush=True)
     return rows
 
 

@@ -8,20 +8,21 @@ what a program would need on a TPU (`memory_analysis`) and what XLA estimates it
 
 How far XLA's cost figures can be taken at their word (libtpu 0.0.42.1, JAX 0.10.2):
   - A while loop's body is counted once, whatever its trip count: a model whose layers run
-    under `jax.lax.scan` reads as one layer. Trace it with
-    `asyncrl.model.transformer.unrolled_layers()` to count every layer.
+    under `jax.lax.scan` reads as one layer. `analysis` adds what the loops' further
+    iterations cost (asyncrl/plan/hlo_cost.py).
   - A Pallas kernel (a `tpu_custom_call`) counts no flops and no bytes when it declares no
-    `pl.CostEstimate`; `custom_call_bytes` measures what a given kernel is credited with.
+    `pl.CostEstimate`; `custom_call_bytes` measures what a given kernel is credited with,
+    and asyncrl/plan/kernel_cost.py counts what it moves.
   - 'bytes accessed' adds up each top-level op's operands and outputs in every memory space:
     a buffer the compiler stages through VMEM (a layout ending in S(1) in
     `compiled.as_text()`) counts again at each hop, so it overstates HBM traffic, by an
-    amount that shifts with the compiler's staging choices; `vmem_bytes` estimates it.
+    amount that shifts with the compiler's staging choices; `analysis` estimates it
+    (vmem_bytes).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import re
 from typing import Any, Callable, Sequence
@@ -31,6 +32,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from asyncrl.host_devices import quiet_libtpu_without_tpu
+from asyncrl.plan.hlo_cost import Program
 
 # Chips one host of each generation holds, as (x, y, z). A topology no larger than this fits
 # one host; libtpu's default (2x2x1) would reject 1x1 and split 2x4 across two hosts.
@@ -94,7 +96,7 @@ def compile_for(fn: Callable, args: Sequence[Any], devices: Sequence[jax.Device]
 
     Two things make this more than jit(fn).lower(*args).compile():
       - the compile runs under `jax.default_device(devices[0])`: Pallas' Mosaic lowering and
-        the model's trace-time choices (`transformer._target_platform`) read the default
+        the model's trace-time choices (`asyncrl.model.attention.target_platform`) read the default
         device to learn what they compile for, and it is otherwise this host's CPU;
       - fn is traced afresh on every call: jit's trace cache is keyed on the function, not on
         trace-time switches such as `unrolled_layers` or the default device, so a function
@@ -114,8 +116,12 @@ def compile_for(fn: Callable, args: Sequence[Any], devices: Sequence[jax.Device]
 def analysis(compiled: jax.stages.Compiled) -> dict[str, float]:
     """XLA's cost and memory analyses of one compiled program, per device, in one flat dict.
 
-    flops, transcendentals, bytes_accessed: XLA's estimates (see the module docstring for what
-    they miss); vmem_bytes: what its top-level ops write into VMEM (`vmem_bytes`).
+    flops, transcendentals, bytes_accessed: XLA's estimates with every loop run its trip
+    count (XLA counts a loop's body once: what the further iterations add is counted by
+    XLA's rules in asyncrl/plan/hlo_cost.py); xla_flops, xla_bytes_accessed: XLA's own;
+    vmem_bytes: what the program's top-level ops write into VMEM, loops counted likewise;
+    moved_bytes: the bytes by the same rules, loops counted, a fused scatter counted as the
+    update it writes in place (XLA:CPU counts its whole operand and result).
     argument / output / alias / temp / generated_code bytes: the buffers the program needs;
     device_bytes = argument + output - alias + temp, what must fit in one device's memory
     while it runs (outputs aliased to donated arguments take no extra room).
@@ -123,13 +129,18 @@ def analysis(compiled: jax.stages.Compiled) -> dict[str, float]:
     cost = compiled.cost_analysis() or {}
     if isinstance(cost, (list, tuple)):  # older JAX: one dict per program
         cost = cost[0] if cost else {}
+    text = compiled.as_text()
+    program = Program(text)
+    once, looped = program.cost(loops=False), program.cost(loops=True)
+    xla = {"flops": float(cost.get("flops", 0.0)),
+           "transcendentals": float(cost.get("transcendentals", 0.0)),
+           "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+    result = {**{key: value + getattr(looped, key) - getattr(once, key)
+                 for key, value in xla.items()},
+              "xla_flops": xla["flops"], "xla_bytes_accessed": xla["bytes_accessed"],
+              "vmem_bytes": looped.vmem_bytes,
+              "moved_bytes": Program(text, in_place=True).cost().bytes_accessed}
     memory = compiled.memory_analysis()
-    result = {
-        "flops": float(cost.get("flops", 0.0)),
-        "transcendentals": float(cost.get("transcendentals", 0.0)),
-        "bytes_accessed": float(cost.get("bytes accessed", 0.0)),
-        "vmem_bytes": float(vmem_bytes(compiled.as_text())),
-    }
     if memory is not None:
         sizes = {name: int(getattr(memory, f"{name}_size_in_bytes"))
                  for name in ("argument", "output", "alias", "temp", "generated_code")}
@@ -157,81 +168,6 @@ def custom_call_bytes(call: Callable, args: Sequence[Any],
             return x
         return run
 
-    once, twice = (analysis(compile_for(chained(n), args, devices))["bytes_accessed"]
+    once, twice = (analysis(compile_for(chained(n), args, devices))["xla_bytes_accessed"]
                    for n in (1, 2))
     return twice - once
-
-
-_DTYPE_BYTES = {"pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "f8e4m3fn": 1, "f8e5m2": 1,
-                "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
-                "f64": 8, "s64": 8, "u64": 8, "c64": 8, "c128": 16}
-_ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,]*)\](\{[^}]*\})?")
-_INSTRUCTION = re.compile(r"\s*(?:ROOT\s+)?%\S+\s*=\s*(.*)")
-# Async ops: which element of the result tuple is the buffer they fill (the others alias the
-# operand or are a context word); their *-done halves return that same buffer.
-_ASYNC_DESTINATION = {"copy-start": 0, "slice-start": 1}
-
-
-def _split_shape(text: str) -> tuple[str, str]:
-    """An instruction's right-hand side -> (its shape, the rest from the opcode on)."""
-    if not text.startswith("("):
-        shape, _, rest = text.partition(" ")
-        return shape, rest
-    depth = 0
-    for end, char in enumerate(text):
-        depth += char == "("
-        depth -= char == ")"
-        if depth == 0:
-            return text[:end + 1], text[end + 1:].lstrip()
-    return text, ""
-
-
-def _tuple_elements(shape: str) -> list[str]:
-    inner, depth, start, parts = shape[1:-1], 0, 0, []
-    for index, char in enumerate(inner):
-        depth += char in "({"
-        depth -= char in ")}"
-        if char == "," and depth == 0:
-            parts.append(inner[start:index])
-            start = index + 1
-    return parts + [inner[start:]]
-
-
-def _vmem_array_bytes(shape: str) -> float:
-    total = 0.0
-    for dtype, dims, layout in _ARRAY.findall(shape):
-        if layout and "S(1)" in layout:
-            total += math.prod(int(d) for d in dims.split(",") if d) * _DTYPE_BYTES.get(dtype, 0)
-    return total
-
-
-def vmem_bytes(hlo_text: str) -> float:
-    """Bytes that the top-level ops of a compiled TPU program write into VMEM (memory space
-    S(1) in their layouts), from `compiled.as_text()`.
-
-    XLA's 'bytes accessed' counts such a buffer once when it is written and again when it is
-    read, though neither touches HBM: staging a weight from HBM into VMEM for a dot counts it
-    three times, and how much the compiler stages shifts with the program around it. So
-    bytes_accessed - 2 * vmem_bytes estimates HBM traffic: exact for a buffer written once and
-    read once in full, too high for one read several times. Only the entry computation is
-    read: ops inside a while loop's body count once here, as they do in XLA's analysis.
-    """
-    start = hlo_text.find("\nENTRY ")
-    if start < 0:
-        return 0.0
-    total = 0.0
-    for line in hlo_text[start:].splitlines()[1:]:
-        match = _INSTRUCTION.match(line)
-        if match is None:
-            continue
-        shape, rest = _split_shape(match.group(1))
-        opcode = rest.partition("(")[0].strip()
-        if opcode.endswith("-done") or opcode in ("parameter", "bitcast", "get-tuple-element",
-                                                  "tuple", "constant"):
-            continue  # no new buffer: an alias of one counted where it was written
-        if opcode.endswith("-start"):
-            if opcode not in _ASYNC_DESTINATION or not shape.startswith("("):
-                continue
-            shape = _tuple_elements(shape)[_ASYNC_DESTINATION[opcode]]
-        total += _vmem_array_bytes(shape)
-    return total

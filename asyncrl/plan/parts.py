@@ -1,0 +1,406 @@
+"""Each side's memory plan and compiled costs: the run's own programs compiled for the target
+chips (asyncrl/plan/tpu_compile.py), XLA's memory analysis the HBM plan, its cost analysis
+(loops counted, asyncrl/plan/hlo_cost.py) what each program computes and moves; and the
+checks that say which part does not fit and what to change.
+
+  trainer   the train step on all the trainer's chips (FSDP), and the cast of the float32
+            master weights to the weights rollout receives;
+  rollout   one instance's engine: its decode dispatch and its prefill chunk;
+  host      a local CPU run: every device's memory is the host's, one figure.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+import subprocess
+import sys
+import time
+
+from asyncrl.errors import UserError
+from asyncrl.plan import accelerators
+from asyncrl.plan.hbm import DoesNotFit, param_count
+
+
+@dataclasses.dataclass
+class Part:
+    """One side's memory plan on one chip, and what its compiled programs cost per chip."""
+
+    accelerator: accelerators.Accelerator
+    hbm_bytes_per_device: float
+    pieces: dict[str, float]  # what the bytes are made of, by name
+    # Program name -> per chip per call: flops, bytes_accessed, vmem_bytes (loops counted).
+    costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+    @property
+    def capacity(self) -> float:
+        return self.accelerator.chip.hbm_bytes
+
+
+def _devices(accelerator, count: int):
+    import jax
+
+    from asyncrl.plan.tpu_compile import topology_devices
+
+    if accelerator.kind == "tpu":
+        try:
+            return topology_devices(accelerator.with_chips(count).topology)[:count]
+        except ValueError as error:
+            import importlib.util
+            if importlib.util.find_spec("libtpu") is None:
+                raise UserError(f"planning for {accelerator.name} compiles for a TPU on this "
+                                f"host, which needs libtpu: pip install 'jax[tpu]==0.10.2' "
+                                f"(requirements-test.txt pins it)") from None
+            raise UserError(str(error)) from None
+    cpus = jax.devices("cpu")
+    if count > len(cpus):
+        raise UserError(f"planning {count} GPUs compiles for {count} CPU devices; this host has "
+                        f"{len(cpus)} (XLA_FLAGS sets --xla_force_host_platform_device_count)")
+    return cpus[:count]
+
+
+def _nbytes(tree) -> float:
+    import jax
+    import numpy as np
+
+    return float(sum(np.prod(x.shape) * np.dtype(x.dtype).itemsize
+                     for x in jax.tree.leaves(tree)))
+
+
+def _cost(analysed: dict, per: float = 1.0) -> dict[str, float]:
+    """A compiled program's cost per call, `per` calls in one program."""
+    return {key: analysed[key] / per for key in ("flops", "bytes_accessed", "vmem_bytes")}
+
+
+def _stand_in_cost(analysed: dict, model, float32, per: float = 1.0) -> dict[str, float]:
+    """A GPU program's cost from its stand-in compiled for this host's CPU. XLA:CPU computes
+    bf16 in float32, converting operands around every op, which a GPU does not: a bf16
+    model's bytes are counted on the same program compiled in float32 (`float32()` compiles
+    it), at the model's width (bytes_low) and at float32's (bytes_accessed); a fused
+    scatter counts the update it writes in place. The FLOPs are the program's own."""
+    import jax.numpy as jnp
+
+    wide = analysed if model.param_dtype == "float32" else float32()
+    narrow = jnp.dtype(model.param_dtype).itemsize / 4
+    return {"flops": analysed["flops"] / per, "bytes_accessed": wide["moved_bytes"] / per,
+            "bytes_low": wide["moved_bytes"] * narrow / per, "vmem_bytes": 0.0}
+
+
+def _train_step_program(spec, model, devices):
+    """The train step as the run jits it, on `devices`: (trainer, state, batch), abstract."""
+    import jax
+    import jax.numpy as jnp
+
+    from asyncrl.train.trainer import Trainer, TrainBatch, batch_shardings, trainer_mesh
+
+    mesh = trainer_mesh(devices)
+    group = spec.rollout.group_size
+    trainer = Trainer.create(spec.train_config(), model, mesh, group)
+    rows = spec.train.batch_size * group
+    length = spec.rollout.prompt_bucket + spec.rollout.max_new_tokens
+    sh = batch_shardings(mesh, group)
+
+    def arr(shape, dtype, sharding):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    batch = TrainBatch(
+        arr((rows, length), jnp.int32, sh.tokens), arr((rows, length), jnp.int32, sh.positions),
+        arr((rows, length), jnp.float32, sh.loss_mask),
+        arr((rows, length), jnp.float32, sh.behaviour_logp),
+        arr((rows, length), jnp.int32, sh.token_versions), arr((rows,), jnp.float32, sh.rewards),
+        arr((rows,), jnp.int32, sh.v_traj), arr((), jnp.int32, sh.buffer_version),
+        group_size=group)
+    return trainer, trainer.abstract_state(), batch
+
+
+def trainer_part(spec, model, accelerator) -> tuple[Part, dict]:
+    """The train step compiled on all the trainer's chips (FSDP), and its memory analysis."""
+    devices = _devices(accelerator, accelerator.chips)
+    trainer, state, batch = _train_step_program(spec, model, devices)
+    chips = accelerator.chips
+    pieces = {"params_bytes": _nbytes(state.params) / chips,
+              "optimizer_bytes": _nbytes(state.opt_state) / chips,
+              "batch_bytes": _nbytes(batch) / chips,
+              # The policy copy rollout receives exists beside the state while it is pushed.
+              "policy_copy_bytes": _nbytes(state.params) / 2 / chips
+              if model.param_dtype != "float32" else 0.0}
+    start = time.perf_counter()
+    step = _compiled(trainer.step, (state, batch), devices, (0,))
+    if not isinstance(step, dict):  # the TPU compiler found it cannot fit
+        pieces["activation_bytes"] = step
+        return Part(accelerator, sum(pieces.values()), pieces), {"compile_s": 0.0}
+    pieces["activation_bytes"] = step["temp_bytes"]
+    # The first half of the trainer-to-rollout reshard: the policy copy cast on the trainer's
+    # shards (the second half crosses to the rollout's chips over the network).
+    cast = (_compiled(trainer.to_policy, (state.params,), devices)
+            if model.param_dtype != "float32" else None)  # float32: the master is the policy
+    if isinstance(cast, dict):
+        pieces["policy_copy_bytes"] = cast["output_bytes"]
+    total = step["device_bytes"] + pieces["policy_copy_bytes"]
+    costs = {}  # a CPU run's: no datasheet, no times predicted
+    if accelerator.kind == "tpu":
+        costs["train_step"] = _with_attention_kernel(_cost(step), spec, model, chips)
+    elif accelerator.kind == "gpu":
+        def float32():
+            wide = _train_step_program(spec, model.replace(param_dtype="float32"), devices)
+            return _compiled(wide[0].step, wide[1:], devices, (0,))
+        costs["train_step"] = _stand_in_cost(step, model, float32)
+    return Part(accelerator, total, pieces, costs), {"compile_s": time.perf_counter() - start}
+
+
+def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int) -> dict[str, float]:
+    """A TPU train step's cost with its splash attention added (`auto` and `splash` run the
+    Pallas kernel there, which XLA credits with nothing): every layer, the step's rows split
+    over the trainer's chips, the forward twice under full remat."""
+    import jax.numpy as jnp
+
+    from asyncrl.plan.kernel_cost import splash_attention
+
+    if spec.train.attention not in ("auto", "splash"):
+        return cost
+    kernel = splash_attention(
+        rows=spec.train.batch_size * spec.rollout.group_size / chips,
+        length=spec.rollout.max_len, num_q_heads=model.num_heads,
+        num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
+        itemsize=jnp.dtype(model.param_dtype).itemsize,
+        forward_passes=2 if spec.train.remat == "full" else 1) * model.num_layers
+    return {**cost, "flops": cost["flops"] + kernel.flops,
+            "bytes_accessed": cost["bytes_accessed"] + kernel.bytes_accessed}
+
+
+def _compiled(fn, args, devices, donate_argnums=()):
+    """XLA's analysis of fn compiled for `devices`; a float, the temporaries it needed, when
+    the TPU compiler refuses for want of HBM (it says so rather than compiling)."""
+    import jax
+
+    from asyncrl.plan.tpu_compile import analysis, compile_for
+
+    try:
+        return analysis(compile_for(fn, args, devices, donate_argnums=donate_argnums))
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" not in str(error):
+            raise
+        needed = re.search(r"HLO temporaries \(([\d.]+)([KMGT])\)", str(error))
+        if needed is None:
+            return 0.0
+        scale = {"K": 2 ** 10, "M": 2 ** 20, "G": 2 ** 30, "T": 2 ** 40}[needed.group(2)]
+        return float(needed.group(1)) * scale
+
+
+def _engine_programs(spec, model, devices) -> tuple:
+    """An instance's engine and its decode dispatch and prefill chunk as the run jits them:
+    (engine, (decode, args), (prefill, args)), abstract. Its own options: "auto" attention
+    resolves when traced for the target (compile_for sets its device), to the TPU kernel or
+    the gather as the run would."""
+    import jax
+    import jax.numpy as jnp
+
+    from asyncrl.model import abstract_params
+    from asyncrl.rollout.engine import Engine, _generate, _prefill_chunk
+
+    graphdef, params = abstract_params(model)
+    max_len = spec.rollout.prompt_bucket + spec.rollout.max_new_tokens
+    kv = spec.rollout.kv_options()
+    sampling = spec.rollout.sampling()
+    engine = Engine(graphdef, model, num_slots=spec.rollout.num_slots, max_len=max_len,
+                    prompt_buckets=(spec.rollout.prompt_bucket,), sampling=sampling,
+                    **kv.engine_kwargs())
+    state = jax.eval_shape(engine._empty_state)
+    table = (None if engine.page_size is None else
+             jax.ShapeDtypeStruct((engine.num_slots, engine.pages_per_row), jnp.int32))
+    decode = functools.partial(  # the engine's own dispatch, as it jits it
+        _generate, graphdef, steps=engine.decode_steps, attention=kv.attention, seed=0,
+        sampling=sampling, stop_tokens=engine.stop_tokens, max_len=max_len)
+    row = jax.eval_shape(engine._new_row)
+    tokens = jax.ShapeDtypeStruct((1, spec.rollout.prompt_bucket), jnp.int32)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    return (engine, (decode, (params, state, table)),
+            (functools.partial(_prefill_chunk, graphdef), (params, row, tokens, scalar, scalar)))
+
+
+def rollout_part(spec, model, accelerator) -> tuple[Part, dict]:
+    """One instance's engine (devices_per_instance chips, weights replicated as the run
+    places them): the prefill chunk and the decode dispatch compiled, the larger peak kept.
+    Costs: one decode step (the dispatch's over its steps) and one prefill chunk."""
+    import jax
+
+    from asyncrl.model.paged import resolve_backend
+
+    per_instance = spec.mesh.devices_per_instance
+    if accelerator.chips % per_instance:
+        raise UserError(f"the rollout's {accelerator.chips} chips do not split into instances "
+                        f"of mesh.devices_per_instance = {per_instance}")
+    devices = _devices(accelerator, per_instance)
+    engine, (decode, decode_args), (prefill, prefill_args) = _engine_programs(spec, model,
+                                                                             devices)
+    params, state = decode_args[:2]
+    pages = engine.num_pages if engine.page_size is not None else engine.num_slots
+    pieces = {"params_bytes": _nbytes(params), "kv_bytes": _nbytes(state.cache),
+              "kv_pages": pages, "page_size": engine.page_size or engine.max_len}
+    with jax.default_device(devices[0]):  # what the compile below resolves "auto" to
+        kernel = (engine.page_size is not None and resolve_backend(
+            spec.rollout.attention, model.head_dim) == "tpu_ragged")
+    info = {"engine": engine, "kernel": kernel}
+    start = time.perf_counter()
+    decoded = _compiled(decode, decode_args, devices, (1,))
+    prefilled = _compiled(prefill, prefill_args, devices, (1,))
+    if not isinstance(decoded, dict) or not isinstance(prefilled, dict):
+        info["compile_s"] = time.perf_counter() - start
+        refused = [x for x in (decoded, prefilled) if not isinstance(x, dict)]
+        pieces["temp_bytes"] = max(refused)
+        total = pieces["params_bytes"] + pieces["kv_bytes"] + pieces["temp_bytes"]
+        return Part(accelerator, total, pieces), info
+    pieces["temp_bytes"] = max(decoded["temp_bytes"], prefilled["temp_bytes"])
+    total = max(decoded["device_bytes"], prefilled["device_bytes"] + pieces["kv_bytes"])
+    steps = engine.decode_steps
+    costs = {}  # a CPU run's: no datasheet, no times predicted
+    if accelerator.kind == "tpu":
+        costs = {"decode_step": _cost(decoded, per=steps), "prefill_chunk": _cost(prefilled)}
+    elif accelerator.kind == "gpu":
+        wide = functools.cache(lambda: _engine_programs(
+            spec, model.replace(param_dtype="float32"), devices))
+        costs = {"decode_step": _stand_in_cost(
+                     decoded, model, lambda: _compiled(wide()[1][0], wide()[1][1], devices,
+                                                       (1,)), per=steps),
+                 "prefill_chunk": _stand_in_cost(
+                     prefilled, model, lambda: _compiled(wide()[2][0], wide()[2][1], devices,
+                                                         (1,)))}
+    info["compile_s"] = time.perf_counter() - start
+    return Part(accelerator, total, pieces, costs), info
+
+
+# Weight versions resident at once on a CPU host: the newest published one, and the one
+# the instances (and an evaluation) still decode with until they pull it. The instances and
+# the evaluator share these buffers rather than copying them (asyncrl/servers/parameters.py).
+HOST_WEIGHT_VERSIONS = 2
+
+
+def run_import_bytes() -> float:
+    """A run's process's resident memory once the run's modules are imported, measured in a
+    child process: the planner needs none of the run's code, and a fresh process counts the
+    run's imports alone."""
+    code = ("import resource\nimport asyncrl.run\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")  # KiB on Linux
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=600)
+    if done.returncode != 0:
+        raise RuntimeError(f"importing the run's modules in a child process failed: "
+                           f"{done.stderr[-2000:]}")
+    return float(done.stdout.split()[-1])
+
+
+def host_part(spec, model, trainer: Part, rollout: Part, runtime_bytes: float) -> Part:
+    """A local CPU run's peak host memory, counted: the runtime (a process's resident
+    memory once the run's modules are imported), the trainer's compiled step (master
+    weights, Adam moments, the batch, temporaries; the policy copy when its dtype differs),
+    HOST_WEIGHT_VERSIONS published weight versions shared by the instances, each instance's
+    KV cache and decode temporaries, and an evaluation (the version it reads, older than
+    both of those while it runs beside training; its engine's KV; a decode's temporaries).
+    A CPU checkpoint save writes from the state's own buffers before the next step
+    (asyncrl/train/checkpoint.py): nothing to add."""
+    from asyncrl.model.paged import kv_bytes_per_token
+
+    weights = policy_bytes(model)
+    rollout_spec, evaluation = spec.rollout, spec.eval
+    per_instance = (rollout.pieces["kv_bytes"] + rollout.pieces["temp_bytes"]) \
+        * spec.mesh.devices_per_instance
+    eval_positions = rollout_spec.num_slots * (rollout_spec.prompt_bucket
+                                               + evaluation.max_new_tokens)
+    if evaluation.samples:  # the sampled engine's slots, beside the greedy one's
+        eval_positions += (max(rollout_spec.num_slots, evaluation.samples)
+                           * (rollout_spec.prompt_bucket + evaluation.max_new_tokens))
+    pieces = {"runtime_bytes": runtime_bytes,
+              "trainer_bytes": trainer.hbm_bytes_per_device * trainer.accelerator.chips,
+              "weight_versions_bytes": HOST_WEIGHT_VERSIONS * weights,
+              "instances_bytes": spec.mesh.rollout_instances * per_instance,
+              "evaluation_bytes": weights + eval_positions * kv_bytes_per_token(model)
+              + rollout.pieces["temp_bytes"]}
+    return Part(trainer.accelerator, sum(pieces.values()), pieces)
+
+
+def check_host_fits(host: Part) -> None:
+    if host.hbm_bytes_per_device <= host.capacity:
+        return
+    p = host.pieces
+    largest = max((k for k in p if k != "runtime_bytes"), key=p.get)
+    raise DoesNotFit(
+        f"the run does not fit this host: {host.hbm_bytes_per_device / 1e9:.1f} GB against its "
+        f"{host.capacity / 1e9:.1f} GB of memory, "
+        f"{(host.hbm_bytes_per_device - host.capacity) / 1e9:.1f} GB over; the largest part is "
+        f"{largest.removesuffix('_bytes').replace('_', ' ')} ({p[largest] / 1e9:.1f} GB): "
+        + {"trainer_bytes": "raise train.num_microbatches or set train.remat='full'",
+           "instances_bytes": "use fewer rollout.num_slots or mesh.rollout_instances",
+           "weight_versions_bytes": "use a smaller model or model.param_dtype='bfloat16'",
+           "evaluation_bytes": "use fewer rollout.num_slots or eval.samples"}[largest])
+
+
+def check_fits(trainer: Part | None, rollout: Part | None, spec) -> None:
+    """Raises DoesNotFit naming the part over a chip's HBM, by how much, and what to change."""
+    for side, part in (("trainer", trainer), ("rollout", rollout)):
+        if part is None or part.hbm_bytes_per_device <= part.capacity:
+            continue
+        over = part.hbm_bytes_per_device - part.capacity
+        head = (f"the {side} does not fit: {part.hbm_bytes_per_device / 1e9:.1f} GB per "
+                f"{part.accelerator.chip.name} chip ({part.accelerator.name}) against its "
+                f"{part.capacity / 1e9:.1f} GB of HBM, {over / 1e9:.1f} GB over")
+        if side == "trainer":
+            _trainer_does_not_fit(part, head, spec.train)
+        _rollout_does_not_fit(part, head, spec.rollout)
+
+
+def _trainer_does_not_fit(part: Part, head: str, train) -> None:
+    p = part.pieces
+    state = p["params_bytes"] + p["optimizer_bytes"] + p["policy_copy_bytes"]
+    if state >= part.capacity:
+        # FSDP splits the float32 master weights and Adam's moments over the chips.
+        chips = math.ceil(state * part.accelerator.chips / (0.8 * part.capacity))
+        raise DoesNotFit(
+            f"{head}: parameters and optimizer state alone are {state / 1e9:.1f} GB "
+            f"per chip (float32 master weights {p['params_bytes'] / 1e9:.1f} GB, Adam "
+            f"moments {p['optimizer_bytes'] / 1e9:.1f} GB); FSDP splits them: use at "
+            f"least {chips} trainer chips")
+    remat = "" if train.remat == "full" else f", set train.remat='full' (now '{train.remat}')"
+    raise DoesNotFit(
+        f"{head}: activations and other temporaries of the train step are "
+        f"{p['activation_bytes'] / 1e9:.1f} GB; raise train.num_microbatches (now "
+        f"{train.num_microbatches}){remat}, or use more trainer chips")
+
+
+def _rollout_does_not_fit(part: Part, head: str, rollout) -> None:
+    p = part.pieces
+    if p["params_bytes"] >= part.capacity:
+        raise DoesNotFit(f"{head}: the weights alone are {p['params_bytes'] / 1e9:.1f} GB "
+                         f"and an instance holds them whole on each chip: use a chip with "
+                         f"more HBM")
+    if p["kv_bytes"] >= p["temp_bytes"]:
+        fit = int(max(part.capacity - p["params_bytes"] - p["temp_bytes"], 0) * 0.9
+                  / p["kv_bytes"] * p["kv_pages"])
+        raise DoesNotFit(
+            f"{head}: the KV cache is {p['kv_bytes'] / 1e9:.1f} GB ({p['kv_pages']} pages "
+            f"of {p['page_size']}); set rollout.num_pages to at most {fit}"
+            + ("" if rollout.page_size else " with rollout.page_size = 16")
+            + " or use fewer rollout.num_slots")
+    raise DoesNotFit(f"{head}: the decode and prefill temporaries are "
+                     f"{p['temp_bytes'] / 1e9:.1f} GB; use fewer rollout.num_slots (now "
+                     f"{rollout.num_slots})")
+
+
+def policy_bytes(model) -> float:
+    """The weights rollout receives: every parameter in the model's dtype."""
+    import jax.numpy as jnp
+
+    return param_count(model) * jnp.dtype(model.param_dtype).itemsize
+
+
+def scaled_trainer(part: Part, chips: int) -> Part:
+    """The trainer's plan on another chip count: FSDP splits params, moments, the batch and
+    its activations evenly, so each piece scales as 1 / chips (the compiled point's), and so
+    does the step's work per chip (the gathered weights each chip reads do not shrink: its
+    bytes are understated at more chips, overstated at fewer)."""
+    ratio = part.accelerator.chips / chips
+    pieces = {k: v * ratio for k, v in part.pieces.items()}
+    costs = {name: {k: v * ratio for k, v in cost.items()} for name, cost in part.costs.items()}
+    return Part(part.accelerator.with_chips(chips), part.hbm_bytes_per_device * ratio, pieces,
+                costs)
