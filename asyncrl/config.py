@@ -31,7 +31,7 @@ from asyncrl.placement import MeshSection, check_devices
 from asyncrl.rewards.registry import BOXED_REWARDS
 from asyncrl.rewards.section import RewardsSection
 from asyncrl.rollout.section import RolloutSection
-from asyncrl.sections import Section, fail, int_at_least, typed
+from asyncrl.sections import fail, int_at_least, typed
 from asyncrl.train.section import CheckpointSection, TrainSection
 
 
@@ -117,6 +117,7 @@ def _check_across(spec: RunSpec, processes: int | None) -> None:
     spec.eval.check_against(spec.task.reward)
     spec.distributed.check_instance_chips(spec.mesh.devices_per_instance)
     _check_prompt(spec.task)
+    _check_row_budget(spec)
     d = spec.distributed
     _check_batch_split(spec, processes or max(d.trainer_processes, d.num_processes, 1))
 
@@ -136,8 +137,20 @@ def _check_prompt(task: TaskSection) -> None:
              f"--config.task.instruction='Put the final answer in \\boxed{{}}.')")
 
 
+def _check_row_budget(spec: RunSpec) -> None:
+    """A packed row holds at least one whole trajectory."""
+    budget, longest = spec.train.tokens_per_row, spec.rollout.max_len
+    if budget and budget < longest:
+        fail("train.tokens_per_row", budget,
+             f"0 (one trajectory per row) or at least rollout.prompt_bucket + "
+             f"rollout.max_new_tokens = {longest}, the longest trajectory")
+
+
 def _check_batch_split(spec: RunSpec, processes: int) -> None:
-    """The batch splits over the trainer's devices and micro-batches."""
+    """The batch splits over the trainer's devices and micro-batches (packed rows are
+    counted to split, whatever the number of trajectories)."""
+    if spec.train.tokens_per_row:
+        return
     sequences = spec.train.batch_size * spec.rollout.group_size
     trainer_devices = spec.mesh.trainer_devices * processes
     if sequences % (spec.train.num_microbatches * trainer_devices):

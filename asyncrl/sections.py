@@ -64,6 +64,10 @@ class Section:
     """Base of every section: `name` is its dotted place in the config (for messages)."""
 
     name: ClassVar[str] = ""
+    # Fields added after run folders began recording their configs (run.json), with the value
+    # that keeps what a config without them did: an older run's stored config, or a config
+    # file written before them, still resolves. Every other field must be set.
+    added: ClassVar[dict[str, Any]] = {}
 
     @classmethod
     def from_node(cls, node: Any, name: str | None = None):
@@ -77,11 +81,12 @@ class Section:
         unknown = [k for k in given if k not in declared]
         if unknown:
             raise missing_field(f"{name}.{unknown[0]}", declared)
-        missing = [k for k in declared if k not in given]
+        missing = [k for k in declared if k not in given and k not in cls.added]
         if missing:
             raise ConfigError(f"config.{name}.{missing[0]} is missing: the config file must set "
                               f"every field of config.{name} (experiments/grpo.py sets them all)")
-        return cls(**{k: typed(node[k], hints[k], f"{name}.{k}") for k in declared})
+        return cls(**{k: typed(node[k] if k in given else cls.added[k], hints[k], f"{name}.{k}")
+                      for k in declared})
 
     def check(self) -> None:
         """The section's own rules (overridden); conversion has checked the types."""

@@ -133,6 +133,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # and 20 s, against 5.3 GB and 24 s keeping everything (memory traffic costs more than
     # recomputing). On an accelerator 'dots' or 'none' trade memory back for speed.
     c.train.remat = "full"
+    # How training and scoring attend (the names: asyncrl/model/attention_names.py). 'auto'
+    # never holds the T x T scores: splash on TPU, Pallas flash on GPU, blockwise elsewhere.
+    c.train.attention = "auto"
+    # 0: one trajectory per row, padded to rollout.max_len. N > 0 packs the batch's
+    # trajectories into rows of N tokens (N ≥ rollout.prompt_bucket + rollout.max_new_tokens),
+    # so the step computes less padding; 0 here because the default run's accuracy and
+    # staleness have not been measured packed.
+    c.train.tokens_per_row = 0
     c.train.advantage = "grpo"
     c.train.policy_loss = "dapo"
     # TIS: the DAPO clip is against the engine's behaviour log-probs (the trust region), and

@@ -225,7 +225,8 @@ def test_the_rules_catch_a_forbidden_import(tmp_path, monkeypatch):
 
 # The model package's import-light modules: the names a config is checked against.
 LIGHT_MODEL_MODULES = {"asyncrl.model", "asyncrl.model.chat", "asyncrl.model.errors",
-                       "asyncrl.model.remat", "asyncrl.model.config", "asyncrl.model.section"}
+                       "asyncrl.model.remat", "asyncrl.model.config", "asyncrl.model.section",
+                       "asyncrl.model.attention_names"}
 
 
 @pytest.mark.parametrize("module", ["asyncrl.config", "asyncrl.coordinator.core",

@@ -261,3 +261,16 @@ def test_every_section_is_declared_beside_the_package_that_reads_it():
 def test_fields_checked_once_the_spec_declares_them(changes, message):
     with pytest.raises(ConfigError, match=message):
         resolve(with_overrides(get_config("tiny"), changes))
+
+
+def test_a_config_recorded_before_a_field_was_added_resolves_as_it_ran():
+    """A run folder's run.json (evaluation and export read it) from before train.attention
+    and train.tokens_per_row existed: dense attention, a trajectory per row."""
+    config = get_config("tiny")
+    for field in ("attention", "tokens_per_row"):
+        del config.train[field]
+    spec = resolve(config)
+    assert (spec.train.attention, spec.train.tokens_per_row) == ("dense", 0)
+    del config.train["remat"]  # not added later: every config has always set it
+    with pytest.raises(ConfigError, match=r"config.train.remat is missing"):
+        resolve(config)

@@ -206,8 +206,10 @@ def _bucket(size: int) -> int:
 
 
 def _shapes(batch: TrainBatch) -> dict[str, list]:
+    # A field left None (the packing's, when rows are not packed) stays None on every process.
     return {f.name: [list(np.shape(getattr(batch, f.name))), np.asarray(getattr(batch, f.name)).dtype.str]
-            for f in dataclasses.fields(batch) if f.name != "group_size"}
+            for f in dataclasses.fields(batch)
+            if f.name != "group_size" and getattr(batch, f.name) is not None}
 
 
 def _placeholder_batch(shapes: dict[str, list], group_size: int) -> TrainBatch:

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from asyncrl.model.attention import attend, attend_masked, target_platform
 from asyncrl.model.config import ModelConfig
 from asyncrl.model.remat import REMAT_POLICIES
 
@@ -112,9 +113,12 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, c.norm_eps, dt, **norm)
             self.k_norm = RMSNorm(h, c.norm_eps, dt, **norm)
 
-    def __call__(self, x, positions, sin, cos, cache):
+    def __call__(self, x, positions, sin, cos, cache, segment_ids=None, attention="dense",
+                 mesh=None):
         """x [B, T, D], positions [B, T]; cache None or a KVCache / PagedKVCache holding every
-        layer, with `layer` set to this one (see `Decoder.hidden`).
+        layer, with `layer` set to this one (see `Decoder.hidden`); segment_ids None or [B, T]
+        int32, rows packed with several sequences (no cache): a token sees its own only.
+        attention, mesh: how a call without a cache attends (asyncrl/model/attention.py).
 
         Returns the attention output [B, T, D] and the updated cache."""
         c = self.config
@@ -132,8 +136,8 @@ class Attention(nnx.Module):
         q = q.reshape(batch, length, c.num_kv_heads, c.num_groups, c.head_dim)
 
         if cache is None:
-            mask = positions[:, None, :] <= positions[:, :, None]  # [B, T, S=T]
-            return self._out(_attend(q, k, v, mask, x.dtype)), None
+            return self._out(attend(q, k, v, positions=positions, segment_ids=segment_ids,
+                                    impl=attention, dtype=x.dtype, mesh=mesh)), None
         out, cache = cache.attend(q, k, v, positions, x.dtype)
         return self._out(out), cache
 
@@ -144,40 +148,21 @@ class Attention(nnx.Module):
         return jnp.einsum("BTNH,NHD->BTD", out, self.o[...])
 
 
-def _attend(q, keys, values, mask, dtype):
-    """q [B, T, K, G, H], keys / values [B, S, K, H], mask [B, T, S] -> [B, T, K, G, H]."""
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, keys,
-                        preferred_element_type=jnp.float32) * q.shape[-1] ** -0.5
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, values)
-
-
 def _flat_decode() -> bool:
     """Whether one-token decode uses `_attend_one_flat` (decided at trace time).
 
-    XLA:CPU runs a dot with its batch dims leading, so `_attend`'s K batch dim makes it
+    XLA:CPU runs a dot with its batch dims leading, so `attend_masked`'s K batch dim makes it
     transpose every layer's [B, S, K, H] cache into a fresh [B, K, ...] buffer on every step:
-    another pass over the cache. Other backends keep `_attend`: TPU chooses operand layouts
+    another pass over the cache. Other backends keep `attend_masked`: TPU chooses operand layouts
     itself, and a K batch dim is what tensor parallelism over kv heads needs (the flat form
     contracts over K * H, so a K-sharded cache would need an all-reduce). Not yet measured on
     GPU, where a fused decode-attention kernel is the real fix.
     """
-    return _target_platform() == "cpu"
-
-
-def _target_platform() -> str:
-    """The platform a trace is compiled for: the default device's where one is set (a compile
-    for a TPU topology from a CPU host, asyncrl/plan/tpu_compile.py, sets a TPU device), else the
-    default backend's."""
-    device = jax.config.jax_default_device
-    if device is None:
-        return jax.default_backend()
-    return device if isinstance(device, str) else device.platform
+    return target_platform() == "cpu"
 
 
 def _attend_one_flat(q, keys, values, mask, dtype):
-    """`_attend` for one query per row, reading the cache in its own layout.
+    """`attend_masked` for one query per row, reading the cache in its own layout.
 
     q [B, K, G, H], keys / values [B, S, K, H], mask [B, S] -> [B, K, G, H]. Heads are
     flattened, C = K * H: the queries become block-diagonal [B, N, C] (query head (k, g) is
@@ -227,8 +212,10 @@ class Block(nnx.Module):
         self.mlp_norm = RMSNorm(config.hidden_dim, config.norm_eps, config.param_dtype, **s)
         self.mlp = MLP(config, rngs, **s)
 
-    def __call__(self, x, positions, sin, cos, cache):
-        attn_out, cache = self.attn(self.attn_norm(x), positions, sin, cos, cache)
+    def __call__(self, x, positions, sin, cos, cache, segment_ids=None, attention="dense",
+                 mesh=None):
+        attn_out, cache = self.attn(self.attn_norm(x), positions, sin, cos, cache, segment_ids,
+                                    attention, mesh)
         x = x + attn_out
         return x + self.mlp(self.mlp_norm(x)), cache
 
@@ -266,14 +253,15 @@ class Decoder(nnx.Module):
             # [V, D] like the embedding, so tied and untied share one unembed einsum.
             self.lm_head = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
 
-    def __call__(self, tokens, positions, cache=None, logits_at=None):
+    def __call__(self, tokens, positions, cache=None, logits_at=None, segment_ids=None):
         """tokens, positions [B, T] int32; cache None, a KVCache or a PagedKVCache;
-        logits_at None or [B] int32, the one index along T per row whose logits are wanted.
+        logits_at None or [B] int32, the one index along T per row whose logits are wanted;
+        segment_ids as in `hidden`.
 
         Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated cache
         (None without a cache).
         """
-        x, cache = self.hidden(tokens, positions, cache)
+        x, cache = self.hidden(tokens, positions, cache, segment_ids=segment_ids)
         if logits_at is not None:
             # A prefill needs the last prompt token's logits only; unembedding every padded
             # position would cost T x V x D, a fifth of a prefill's arithmetic at SmolLM2's
@@ -281,10 +269,17 @@ class Decoder(nnx.Module):
             x = jnp.take_along_axis(x, logits_at[:, None, None], axis=1)
         return unembed(x, self.unembedding_table()), cache
 
-    def hidden(self, tokens, positions, cache=None, remat: str = "none"):
+    def hidden(self, tokens, positions, cache=None, remat: str = "none", segment_ids=None,
+               attention: str = "dense", mesh=None):
         """The final-normed hidden states [B, T, D] that the unembedding reads, and the
         updated cache (None without one). remat: a REMAT_POLICIES name; it only matters
-        under differentiation."""
+        under differentiation. segment_ids: None, or [B, T] int32 for rows packed with
+        several sequences (0 on padding, 1..k along a row; positions restart at 0 in each):
+        attention stays within a sequence. Without a cache only, as are `attention` (an
+        ATTENTION_IMPLS name: 'dense' holds the [T, S] scores, the others never do) and
+        `mesh` (the trainer's: its Pallas kernels run per shard)."""
+        if segment_ids is not None and cache is not None:
+            raise ValueError("segment_ids (packed rows) apply without a cache only")
         c = self.config
         x = jnp.take(self.embed[...], tokens, axis=0)  # [B, T, D]
         sin, cos = rope_angles(positions, rope_frequencies(c))
@@ -293,7 +288,8 @@ class Decoder(nnx.Module):
         # Scan over the stacked leading L axis; each step rebuilds one layer's Block view.
         if cache is None:
             def layer(x, params):
-                return nnx.merge(block_def, params)(x, positions, sin, cos, None)[0], None
+                return nnx.merge(block_def, params)(x, positions, sin, cos, None,
+                                                    segment_ids, attention, mesh)[0], None
 
             policy = REMAT_POLICIES.get(remat)()
             if policy is not None:
@@ -366,7 +362,7 @@ def attend_cached(q, keys, values, positions, dtype):
     mask = jnp.arange(keys.shape[1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
     if q.shape[1] == 1 and _flat_decode():
         return _attend_one_flat(q[:, 0], keys, values, mask[:, 0], dtype)[:, None]
-    return _attend(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
+    return attend_masked(q, keys.astype(q.dtype), values.astype(dtype), mask, dtype)
 
 
 def init_params(config: ModelConfig, seed: int) -> tuple[nnx.GraphDef, nnx.State]:
@@ -404,12 +400,16 @@ def apply(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions, cache=No
 
 
 def apply_hidden(graphdef: nnx.GraphDef, params: nnx.State, tokens, positions,
-                 remat: str = "none") -> tuple[jax.Array, jax.Array]:
+                 remat: str = "none", segment_ids=None, attention: str = "dense",
+                 mesh=None) -> tuple[jax.Array, jax.Array]:
     """The final hidden states [B, T, D] and the unembedding table [V, D], without a cache.
 
     For a loss that unembeds a few positions at a time (see `unembed`) instead of holding
     logits [B, T, V], which at a real vocabulary dwarf every other activation. remat: what
-    the backward pass keeps of each layer (REMAT_POLICIES).
+    the backward pass keeps of each layer (REMAT_POLICIES); segment_ids (packed rows),
+    attention and mesh as in `Decoder.hidden`.
     """
     model = nnx.merge(graphdef, params)
-    return model.hidden(tokens, positions, remat=remat)[0], model.unembedding_table()
+    return (model.hidden(tokens, positions, remat=remat, segment_ids=segment_ids,
+                         attention=attention, mesh=mesh)[0],
+            model.unembedding_table())

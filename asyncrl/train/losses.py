@@ -2,7 +2,10 @@
 
 Shapes: B sequences, T tokens, G group size (responses per prompt). Every [B, T] log-prob
 array holds log π(tokens[b, t] | tokens[b, :t]) at position t, so it lines up with the
-response mask and with the per-token weight versions the engine recorded.
+response mask and with the per-token weight versions the engine recorded. Rows packed with
+several sequences (train.tokens_per_row) are B rows instead, and `Sequences` says which tokens
+form each sequence: the per-sequence terms (GSPO's ratio, the seq-mean weights) are sums over
+a sequence's tokens, so they do not depend on how the rows hold them.
 
 Three policies appear in an off-policy step:
 - θ, the params being trained (``logp``, differentiable);
@@ -96,12 +99,48 @@ def rloo_advantages(rewards: jax.Array, group_size: int) -> jax.Array:
 # ---------------------------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True)
+class Sequences:
+    """Which tokens of a [B, T] batch form one sequence: row b is sequence b (`segment_ids`
+    None: each row one sequence, right-padded), or rows packed with several, told apart by
+    their segment ids."""
+
+    segment_ids: jax.Array | None = None  # [B, T] int32: 0 on padding, 1..k along a row
+    # Packed rows only: N sequences × their padded length unpacked (a float32 scalar), the
+    # constant Dr. GRPO's aggregation divides by (B × T when rows are the sequences).
+    padded_tokens: jax.Array | None = None
+
+    def _slots(self) -> tuple[jax.Array, int]:
+        """Row b's k-th sequence is slot b·(T+1) + k (its padding slot b·(T+1)): [B, T] and
+        the number of slots. A row holds at most T sequences, so slots never collide."""
+        b, t = self.segment_ids.shape
+        return self.segment_ids + (t + 1) * jnp.arange(b, dtype=jnp.int32)[:, None], b * (t + 1)
+
+    def sums(self, x: jax.Array) -> jax.Array:
+        """Each sequence's sum of x [B, T]: [B], or one per slot for packed rows (a slot no
+        sequence holds sums to 0; a padding slot sums x over the row's padding)."""
+        if self.segment_ids is None:
+            return x.sum(axis=1)
+        slots, count = self._slots()
+        return jax.ops.segment_sum(x.ravel(), slots.ravel(), count)
+
+    def spread(self, per_sequence: jax.Array) -> jax.Array:
+        """`sums`' values back onto each sequence's tokens: [B, 1], or [B, T] when packed."""
+        if self.segment_ids is None:
+            return per_sequence[:, None]
+        return per_sequence[self._slots()[0]]
+
+
+ROWS = Sequences()  # one sequence per row
+
+
 class PolicyInputs(NamedTuple):
     logp: jax.Array  # [B, T] under θ, differentiable
     proximal_logp: jax.Array  # [B, T] trainer params at consume time, stop-gradient
     behaviour_logp: jax.Array  # [B, T] recorded by the engine
     advantages: jax.Array  # [B, T] per-sequence advantage broadcast over tokens
     mask: jax.Array  # [B, T] float, 1 on trained response tokens
+    sequences: Sequences = ROWS
 
 
 class PolicyTerms(NamedTuple):
@@ -209,12 +248,13 @@ def gspo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
     s_i·∇logπ_t as its gradient, which under seq-mean-token-mean aggregation equals the
     sequence objective's gradient. The TIS cap applies to the sequence ratio.
     """
-    length = jnp.maximum(inp.mask.sum(axis=1, keepdims=True), 1.0)
+    seqs = inp.sequences
+    length = jnp.maximum(seqs.spread(seqs.sums(inp.mask)), 1.0)
 
     def seq_mean(x):
-        return (_masked(x, inp.mask)).sum(axis=1, keepdims=True) / length
+        return seqs.spread(seqs.sums(_masked(x, inp.mask))) / length
 
-    seq_ratio = jnp.exp(seq_mean(inp.logp - inp.behaviour_logp))  # [B, 1]
+    seq_ratio = jnp.exp(seq_mean(inp.logp - inp.behaviour_logp))  # [B, 1] ([B, T] packed)
     token_logp = _masked(inp.logp, inp.mask)
     sg = jax.lax.stop_gradient
     # Value s_i, gradient s_i·∇logπ_t; the clip decisions are the sequence's.
@@ -230,7 +270,7 @@ def gspo_loss(inp: PolicyInputs, eps_low, eps_high, tis_cap) -> PolicyTerms:
 # exactly the full-batch loss however the batch is split.
 # ---------------------------------------------------------------------------------------
 
-AggregationFn = Callable[[jax.Array], jax.Array]
+AggregationFn = Callable[[jax.Array, Sequences], jax.Array]
 AGGREGATIONS = Registry("loss aggregation")
 
 
@@ -243,27 +283,31 @@ def register_aggregation(name: str):
 
 
 @register_aggregation("token-mean")
-def _token_mean(mask: jax.Array) -> jax.Array:
+def _token_mean(mask: jax.Array, sequences: Sequences) -> jax.Array:
+    del sequences  # every token alike, whichever sequence holds it
     return mask / jnp.maximum(mask.sum(), 1.0)
 
 
 @register_aggregation("seq-mean-token-mean")
-def _seq_mean_token_mean(mask: jax.Array) -> jax.Array:
-    lengths = mask.sum(axis=1, keepdims=True)
+def _seq_mean_token_mean(mask: jax.Array, sequences: Sequences) -> jax.Array:
+    lengths = sequences.sums(mask)
     n_seq = jnp.maximum((lengths > 0).sum(), 1)
-    return mask / jnp.maximum(lengths, 1.0) / n_seq
+    return mask / jnp.maximum(sequences.spread(lengths), 1.0) / n_seq
 
 
 @register_aggregation("seq-mean-token-sum-norm")
-def _seq_mean_token_sum_norm(mask: jax.Array) -> jax.Array:
+def _seq_mean_token_sum_norm(mask: jax.Array, sequences: Sequences) -> jax.Array:
     # Dr. GRPO: a constant normaliser (batch × padded length), so long answers are not
-    # down-weighted per token.
-    return mask / (mask.shape[0] * mask.shape[1])
+    # down-weighted per token. Packed rows divide by the same: their own B × T varies with
+    # how well a batch packs.
+    if sequences.padded_tokens is None:
+        return mask / (mask.shape[0] * mask.shape[1])
+    return mask / sequences.padded_tokens
 
 
-def aggregation_weights(mask: jax.Array, mode: str) -> jax.Array:
+def aggregation_weights(mask: jax.Array, mode: str, sequences: Sequences = ROWS) -> jax.Array:
     """[B, T] weights w with loss = Σ w · per_token_loss."""
-    return AGGREGATIONS.get(mode)(mask.astype(jnp.float32))
+    return AGGREGATIONS.get(mode)(mask.astype(jnp.float32), sequences)
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,19 +364,22 @@ def token_terms(
     cfg: LossConfig,
     logp: jax.Array,  # [B, T]
     behaviour_logp: jax.Array,  # [B, T]
-    advantages: jax.Array,  # [B]
+    advantages: jax.Array,  # [B], one per row; [B, T] per token for packed rows
     mask: jax.Array,  # [B, T]
     entropy: jax.Array | None = None,  # [B, T]
     ref_logp: jax.Array | None = None,  # [B, T], required when kl_coef > 0
+    sequences: Sequences = ROWS,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Per-token loss [B, T] (aggregate with `aggregation_weights`) and per-token diagnostics."""
     mask = mask.astype(jnp.float32)
+    per_row = advantages.ndim == 1
     inputs = PolicyInputs(
         logp=logp,
         proximal_logp=jax.lax.stop_gradient(logp),
         behaviour_logp=behaviour_logp,
-        advantages=jnp.broadcast_to(advantages[:, None], logp.shape),
+        advantages=jnp.broadcast_to(advantages[:, None] if per_row else advantages, logp.shape),
         mask=mask,
+        sequences=sequences,
     )
     low, high = cfg.eps
     terms = POLICY_LOSSES.get(cfg.policy_loss).fn(inputs, low, high, cfg.tis_cap)

@@ -5,6 +5,7 @@ run checkpoints. Import-light; the loss names are checked with the losses (JAX),
 
 from __future__ import annotations
 
+from asyncrl.model.attention_names import ATTENTION_IMPLS
 from asyncrl.model.remat import REMAT_POLICIES
 from asyncrl.sections import Section, fail, int_at_least, positive, registered, section
 
@@ -29,16 +30,25 @@ class TrainSection(Section):
     kl_coef: float
     entropy_coef: float
     remat: str
+    attention: str  # ATTENTION_IMPLS: how training and scoring attend (asyncrl/model/attention.py)
+    # 0: one trajectory per row, padded to rollout.max_len; else rows of this many tokens,
+    # each packed with several trajectories (asyncrl/train/packing.py).
+    tokens_per_row: int
     batch_timeout_s: float
     stop_without_signal: bool
+    # A run folder recorded before these fields resolves as it trained: dense scores, a
+    # trajectory per row.
+    added = {"attention": "dense", "tokens_per_row": 0}
 
     def check(self) -> None:
         for field, minimum in (("batch_size", 1), ("steps", 1), ("num_microbatches", 1),
-                               ("warmup_steps", 0)):
+                               ("warmup_steps", 0), ("tokens_per_row", 0)):
             int_at_least(f"train.{field}", getattr(self, field), minimum)
         for field in ("learning_rate", "max_grad_norm", "batch_timeout_s"):
             positive(f"train.{field}", getattr(self, field))
         registered("train.remat", self.remat, REMAT_POLICIES)
+        if self.attention not in ATTENTION_IMPLS:
+            fail("train.attention", self.attention, f"one of {', '.join(ATTENTION_IMPLS)}")
         if not 0 <= self.eps_low < 1:
             fail("train.eps_low", self.eps_low, "expected a number in [0, 1) (0: the policy "
                  "loss's own ε)")

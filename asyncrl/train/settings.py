@@ -30,6 +30,7 @@ def train_config(train: TrainSection, sampling: SamplingParams, seed: int) -> Tr
                            total_steps=train.steps, weight_decay=train.weight_decay,
                            max_grad_norm=train.max_grad_norm,
                            num_microbatches=train.num_microbatches, remat=train.remat,
+                           tokens_per_row=train.tokens_per_row, attention=train.attention,
                            sampling=sampling, seed=seed)
     except ValueError as error:
         raise ConfigError(f"config.train: {error}") from None

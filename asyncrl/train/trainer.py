@@ -6,7 +6,9 @@
 
 `Trainer.step` is `train_step(state, batch) -> (state, metrics)`: pure, jitted once with
 explicit shardings, the state donated. Shapes: B sequences (a multiple of the group size G
-and of the micro-batch count M), T tokens.
+and of the micro-batch count M), T tokens. With TrainConfig.tokens_per_row set, B rows of
+T = tokens_per_row tokens instead, each packed with several of the N trajectories
+(`TrainBatch.from_groups`); B is then bucketed, so the step compiles for a few values of it.
 
 Mesh: FSDP over one named axis, 'fsdp'. The model's logical 'embed' axis and the batch are
 split over it (`ShardingRules.fsdp`), so each device holds 1/n of every weight and of every
@@ -20,6 +22,8 @@ an AdamW step at 1e-6 on weights of scale 0.02 changed 2% of them: the rest roun
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 from typing import Any
 
@@ -37,6 +41,7 @@ from asyncrl.model import (
 import asyncrl.train.losses as losses
 from asyncrl.registry import Registry
 from asyncrl.model.sampling import SamplingParams, sampling_logits
+from asyncrl.train import packing
 from asyncrl.train.losses import LossConfig
 
 FSDP = "fsdp"
@@ -64,6 +69,12 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     num_microbatches: int = 1  # M: gradient accumulation, so B does not set the memory
     remat: str = "none"  # REMAT_POLICIES: what each layer keeps for the backward pass
+    # 0: one trajectory per row, right-padded; else rows of this many tokens, each packed with
+    # several trajectories (asyncrl/train/packing.py), their count bucketed.
+    tokens_per_row: int = 0
+    # How the step attends (ATTENTION_IMPLS, asyncrl/model/attention.py): 'auto' never holds
+    # a row's [T, T] scores; 'dense' does (the reference).
+    attention: str = "dense"
     # How rollouts draw tokens: the loss's log-probs are of that distribution (temperature,
     # top-k / top-p set), the one the behaviour log-probs are of, so on-policy tokens have
     # importance weight 1 at any sampling setting.
@@ -73,9 +84,9 @@ class TrainConfig:
     def __post_init__(self):
         LR_SCHEDULES.get(self.lr_schedule)
         REMAT_POLICIES.get(self.remat)
-        for name in ("warmup_steps", "total_steps", "num_microbatches"):
+        for name in ("warmup_steps", "total_steps", "num_microbatches", "tokens_per_row"):
             value = getattr(self, name)
-            if value < (0 if name == "warmup_steps" else 1):
+            if value < (0 if name in ("warmup_steps", "tokens_per_row") else 1):
                 raise ValueError(f"TrainConfig.{name} out of range; received {value}")
         if self.warmup_steps > self.total_steps:
             raise ValueError(
@@ -137,29 +148,53 @@ class TrainBatch:
     # Static: it fixes the [B/G, G] reshape of the advantage estimator and is a run
     # constant, so it never retraces the step.
     group_size: int = flax.struct.field(pytree_node=False)
+    # Packed rows (TrainConfig.tokens_per_row > 0), else None: a row holds several
+    # trajectories, each with positions from 0 as the engine saw it. rewards and v_traj are
+    # then one per trajectory, [N] in group order, and replicated rather than split by row.
+    segment_ids: jax.Array | None = None  # [B, T] int32: 0 on padding, 1..k along a row
+    trajectory: jax.Array | None = None  # [B, T] int32: a token's index into rewards (0: padding)
+    padded_len: jax.Array | None = None  # [] int32: max_len, a trajectory's row unpacked
 
     @classmethod
-    def from_groups(cls, groups, v_traj, version: int, max_len: int, group_size: int) -> "TrainBatch":
+    def from_groups(cls, groups, v_traj, version: int, max_len: int, group_size: int,
+                    tokens_per_row: int = 0, row_multiple: int = 1) -> "TrainBatch":
         """Consumed groups of trajectory records (prompt, tokens, logprobs, versions, reward)
-        as host arrays: B·G rows right-padded to max_len."""
-        rows = [r for g in groups for r in g]
-        n = len(rows)
-        tokens = np.zeros((n, max_len), np.int32)
-        mask = np.zeros((n, max_len), np.float32)
-        behaviour = np.zeros((n, max_len), np.float32)
-        versions = np.full((n, max_len), version, np.int32)
-        for i, r in enumerate(rows):
-            p, g = len(r.prompt), len(r.tokens)
-            tokens[i, :p] = r.prompt
-            tokens[i, p:p + g] = r.tokens
-            mask[i, p:p + g] = 1.0
-            behaviour[i, p:p + g] = r.logprobs
-            versions[i, p:p + g] = r.versions
-        positions = np.broadcast_to(np.arange(max_len, dtype=np.int32), (n, max_len)).copy()
-        rewards = np.asarray([r.reward for r in rows], np.float32)
+        as host arrays: B·G rows right-padded to max_len; with tokens_per_row, packed first-fit
+        decreasing into rows of that many tokens, as many rows as `packing.bucket_rows` says
+        for `row_multiple` (the trainer's devices × micro-batches)."""
+        records = [r for g in groups for r in g]
+        n, width = len(records), tokens_per_row or max_len
+        if tokens_per_row:
+            rows = packing.first_fit_decreasing(
+                [len(r.prompt) + len(r.tokens) for r in records], tokens_per_row)
+            rows += [[]] * (packing.bucket_rows(len(rows), row_multiple, n) - len(rows))
+        else:
+            rows = [[i] for i in range(n)]
+        shape = (len(rows), width)
+        tokens, segment_ids, trajectory = (np.zeros(shape, np.int32) for _ in range(3))
+        mask, behaviour = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        versions = np.full(shape, version, np.int32)
+        positions = np.broadcast_to(np.arange(width, dtype=np.int32), shape).copy()
+        for row, members in enumerate(rows):
+            start = 0
+            for segment, i in enumerate(members, 1):
+                r = records[i]
+                response, end = start + len(r.prompt), start + len(r.prompt) + len(r.tokens)
+                tokens[row, start:response] = r.prompt
+                tokens[row, response:end] = r.tokens
+                mask[row, response:end] = 1.0
+                behaviour[row, response:end] = r.logprobs
+                versions[row, response:end] = r.versions
+                # From 0 at the trajectory's start, on through the padding after the last one.
+                positions[row, start:] = np.arange(width - start)
+                segment_ids[row, start:end], trajectory[row, start:end] = segment, i
+                start = end
+        packed = {} if not tokens_per_row else dict(
+            segment_ids=segment_ids, trajectory=trajectory, padded_len=np.int32(max_len))
+        rewards = np.asarray([r.reward for r in records], np.float32)
         seq_v_traj = np.repeat(np.asarray(v_traj, np.int32), group_size)
         return cls(tokens, positions, mask, behaviour, versions, rewards, seq_v_traj,
-                   np.int32(version), group_size=group_size)
+                   np.int32(version), group_size=group_size, **packed)
 
 
 @flax.struct.dataclass
@@ -175,9 +210,14 @@ def trainer_mesh(devices) -> Mesh:
     return Mesh(np.asarray(devices), (FSDP,))
 
 
-def batch_shardings(mesh: Mesh, group_size: int) -> TrainBatch:
+def batch_shardings(mesh: Mesh, group_size: int, packed: bool = False) -> TrainBatch:
+    """Rows split over 'fsdp'. rewards and v_traj go with them, one per row, unless rows are
+    packed: then they are one per trajectory, a few numbers each device holds whole."""
     rows, one = NamedSharding(mesh, P(FSDP)), NamedSharding(mesh, P())
-    return TrainBatch(rows, rows, rows, rows, rows, rows, rows, one, group_size=group_size)
+    if not packed:
+        return TrainBatch(rows, rows, rows, rows, rows, rows, rows, one, group_size=group_size)
+    return TrainBatch(rows, rows, rows, rows, rows, one, one, one, group_size=group_size,
+                      segment_ids=rows, trajectory=rows, padded_len=one)
 
 
 # Logits held at once by the loss, per micro-batch: 64 MiB of float32.
@@ -263,7 +303,7 @@ class Trainer:
         # the step holds two copies of the optimiser state at its peak.
         step = jax.jit(
             fn,
-            in_shardings=(state_sh, batch_shardings(mesh, group_size)),
+            in_shardings=(state_sh, batch_shardings(mesh, group_size, config.tokens_per_row > 0)),
             out_shardings=(state_sh, scalar),
             donate_argnums=0,
         )
@@ -295,6 +335,14 @@ class Trainer:
             shapes, self.state_shardings,
         )
 
+    def host_batch(self, groups, v_traj, version: int, max_len: int) -> TrainBatch:
+        """Consumed groups as host arrays in the layout the step is compiled for
+        (`TrainBatch.from_groups`): packed into rows of config.tokens_per_row when set, as
+        many rows as split evenly over the devices and micro-batches."""
+        return TrainBatch.from_groups(groups, v_traj, version, max_len, self.group_size,
+                                      self.config.tokens_per_row,
+                                      self.mesh.size * self.config.num_microbatches)
+
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
         """Host arrays → the trainer mesh, rows split over 'fsdp' (an intended transfer)."""
         if batch.group_size != self.group_size:
@@ -302,7 +350,14 @@ class Trainer:
                 f"batch.group_size={batch.group_size}, but the trainer was built for "
                 f"group_size={self.group_size}"
             )
-        return jax.device_put(batch, batch_shardings(self.mesh, self.group_size))
+        packed = self.config.tokens_per_row > 0
+        if (batch.segment_ids is not None) != packed:
+            raise ValueError(
+                f"the trainer was built for tokens_per_row={self.config.tokens_per_row} "
+                f"({'packed rows' if packed else 'one trajectory per row'}), but the batch "
+                f"{'has' if batch.segment_ids is not None else 'has no'} segment ids: build it "
+                f"with Trainer.host_batch")
+        return jax.device_put(batch, batch_shardings(self.mesh, self.group_size, packed))
 
 
 def _make_init_fn(config: TrainConfig, model_config: ModelConfig, tx, state_sh):
@@ -324,6 +379,21 @@ def _make_init_fn(config: TrainConfig, model_config: ModelConfig, tx, state_sh):
     return jax.jit(init, out_shardings=state_sh)
 
 
+_UNROLL_MICROBATCHES = contextvars.ContextVar("unroll_microbatches", default=False)
+
+
+@contextlib.contextmanager
+def unrolled_microbatches():
+    """While active, the train step traces its micro-batch loop unrolled. For cost analysis
+    only (asyncrl/plan/compiled_cost.py), as `asyncrl.model.transformer.unrolled_layers`:
+    XLA counts a loop's body once whatever its trip count. Read at trace time."""
+    token = _UNROLL_MICROBATCHES.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL_MICROBATCHES.reset(token)
+
+
 def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compute):
     loss_cfg = config.loss
     m = config.num_microbatches
@@ -341,17 +411,21 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compu
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(None, FSDP)))
 
     def micro_loss(master, ref_params, mb):
-        tokens, positions, mask, behaviour, adv, agg_w = mb
+        tokens, positions, mask, behaviour, adv, agg_w, segment_ids = mb
         # The cast is inside the differentiated function: the gradient comes back in float32.
         params = cast_floats(master, compute)
         logp, entropy = _token_logprobs(
-            *apply_hidden(graphdef, params, tokens, positions, config.remat), tokens,
-            config.sampling)
+            *apply_hidden(graphdef, params, tokens, positions, config.remat, segment_ids,
+                          config.attention, mesh),
+            tokens, config.sampling)
         ref_logp = None
         if ref_params is not None:
-            ref = apply_hidden(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions)
+            ref = apply_hidden(graphdef, jax.lax.stop_gradient(ref_params), tokens, positions,
+                               segment_ids=segment_ids, attention=config.attention, mesh=mesh)
             ref_logp = _token_logprobs(*ref, tokens, config.sampling)[0]
-        per_token, aux = losses.token_terms(loss_cfg, logp, behaviour, adv, mask, entropy, ref_logp)
+        # A micro-batch holds whole rows, so each trajectory's sums (GSPO's ratio) are whole.
+        per_token, aux = losses.token_terms(loss_cfg, logp, behaviour, adv, mask, entropy, ref_logp,
+                                            losses.Sequences(segment_ids))
         loss = (per_token * agg_w).sum()
         sums = {k: jnp.where(mask > 0, v, 0.0).sum() for k, v in aux.items() if k != "is_weight"}
         # An infinite log-ratio is truncated to a finite weight, but it still means the engine
@@ -363,13 +437,20 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compu
     grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
     def train_step(state: TrainState, batch: TrainBatch):
-        mask = batch.loss_mask.astype(jnp.float32).at[:, 0].set(0.0)  # t = 0 has no prediction
-        adv = losses.compute_advantages(loss_cfg, batch.rewards, batch.group_size)
+        # Position 0 (a row's first token, or a packed trajectory's) has no prediction.
+        mask = jnp.where(batch.positions > 0, batch.loss_mask.astype(jnp.float32), 0.0)
+        adv = losses.compute_advantages(loss_cfg, batch.rewards, batch.group_size)  # [N]
+        sequences = losses.ROWS
+        if batch.segment_ids is not None:  # packed rows: each token gets its trajectory's
+            adv = adv[batch.trajectory]
+            padded = (batch.rewards.shape[0] * batch.padded_len).astype(jnp.float32)
+            sequences = losses.Sequences(batch.segment_ids, padded)
         # Weights from the whole batch's mask: the micro-batch losses then sum to the
         # full-batch loss exactly, whatever M is.
-        agg_w = losses.aggregation_weights(mask, loss_cfg.aggregation)
-        per_row = (batch.tokens, batch.positions, mask, batch.behaviour_logp, adv, agg_w)
-        xs = tuple(map(microbatches, per_row))
+        agg_w = losses.aggregation_weights(mask, loss_cfg.aggregation, sequences)
+        per_row = (batch.tokens, batch.positions, mask, batch.behaviour_logp, adv, agg_w,
+                   batch.segment_ids)
+        xs = jax.tree.map(microbatches, per_row)  # (segment_ids None: no packing, left out)
 
         def accumulate(carry, mb):
             grads, loss, sums = carry
@@ -384,7 +465,8 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compu
         first = jax.tree.map(lambda x: x[0], xs)
         (_, (sums0, _)), _ = jax.eval_shape(grad_fn, state.params, state.ref_params, first)
         init = (zeros, jnp.zeros(()), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sums0))
-        (grads, loss, sums), weights = jax.lax.scan(accumulate, init, xs)
+        (grads, loss, sums), weights = jax.lax.scan(accumulate, init, xs,
+                                                    unroll=_UNROLL_MICROBATCHES.get())
 
         updates, opt_state = tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
