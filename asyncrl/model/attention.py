@@ -93,6 +93,12 @@ def target_platform() -> str:
     return device if isinstance(device, str) else device.platform
 
 
+def check_runs_here(impl: str, packed: bool) -> str:
+    """What `impl` resolves to on this process's platform, or the ConfigError a trace would
+    raise: asked before anything loads, not at the first train step."""
+    return _resolve(impl, True if packed else None, interpret=False)
+
+
 def _resolve(impl: str, segment_ids, interpret: bool) -> str:
     """The implementation `impl` names on this trace's platform, or a ConfigError."""
     if impl not in ATTENTION_IMPLS:

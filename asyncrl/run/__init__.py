@@ -40,6 +40,7 @@ from asyncrl.distributed.trainer_ops import TrainerGroup
 from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EngineSettings, EvalResult, Evaluator
 from asyncrl.model import graphdef_for
+from asyncrl.model.attention import check_runs_here
 from asyncrl.placement import describe_layout, place
 from asyncrl.plan.hbm import check_devices_hold_the_state
 from asyncrl.policy import encode, load_policy
@@ -314,6 +315,7 @@ def check(config) -> config_lib.RunSpec:
                                jax.process_index())
     check_devices_per_process()
     spec.train_config()  # its loss names and ε are checked by the losses (JAX): before any loading
+    check_runs_here(spec.train.attention, packed=spec.train.tokens_per_row > 0)
     return spec
 
 

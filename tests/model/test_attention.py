@@ -181,3 +181,14 @@ def test_auto_compiles_splash_for_a_tpu_from_this_host_per_row_shard():
         kernels = set(re.findall(r"splash_mha_(fwd|dq|dkv)_segmented", text))
         assert kernels == {"fwd", "dq", "dkv"}, topology
         assert "all-gather" not in text, topology
+
+
+def test_a_run_asks_before_loading_whether_its_attention_runs_here():
+    from asyncrl.model.attention import check_runs_here
+
+    assert check_runs_here("auto", packed=True) == "blockwise"  # this CPU
+    with pytest.raises(ConfigError, match=r"config.train.attention = 'splash' is not allowed: "
+                                          r"splash runs on TPU only"):
+        check_runs_here("splash", packed=False)
+    with pytest.raises(ConfigError, match=r"cudnn takes no segment ids"):
+        check_runs_here("cudnn", packed=True)
