@@ -38,6 +38,27 @@ local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the m
    Any checkpoint (or the exported folder, or another model) is evaluated alone with:
 
        python -m asyncrl.eval --config=experiments/gsm8k.py:train=…,test=…,model=… --checkpoint=runs/gsm8k --split=test
+
+5. Long responses (reasoning RL's 16k-32k caps): `qwen2.5-7b-16k` and `qwen3-8b-32k` are
+   qwen2.5-7b / qwen3-8b (their model folders) with 16,384 / 32,768 new tokens, packed rows
+   of prompt_bucket + max_new_tokens tokens (train.tokens_per_row: a row holds the longest
+   trajectory, shorter ones share rows), train.attention 'auto' (splash on TPU, Pallas flash
+   on GPU: no [T, T] scores), full remat, 8 micro-batches, 64 slots of 16-token pages and
+   16 decode steps a dispatch. Their plans (python -m asyncrl.plan
+   --config=experiments/gsm8k.py:qwen2.5-7b-16k --trainer=v5p-16 --rollout=v6e-8; the same
+   for qwen3-8b-32k), each decided by compiling the packed step for the v5p chips here:
+     qwen2.5-7b-16k  fits: the train step 37.8 GB per v5p chip of 102 (64 packed rows of
+                     16,896 tokens, 17% padding, one row per chip at once), an instance
+                     28.5 GB per v6e chip of 34.4 (12,288 pages: 11 whole sequences, 55 at
+                     the length model's mean); predicted step 62 s [44-187]; the swap
+                     (train on v6e-8) does not fit: a row beside the state needs v6e-16.
+     qwen3-8b-32k    fits: the train step 51.0 GB per v5p chip (64 rows of 33,280 tokens,
+                     18% padding, one row per chip), an instance 33.2 GB per v6e chip
+                     (4,096 pages: one whole sequence, 9 at the mean); predicted step
+                     147 s [103-440]; no v6e slice trains it (one row's activations and
+                     temporaries alone are 31 GB of its 34.4).
+   The row counts are of one batch drawn from the planner's length model (responses
+   lognormal about max_new_tokens / 8, sigma 1); a run's vary among a few bucketed values.
 """
 
 from asyncrl.config_args import parse_arg
@@ -54,6 +75,11 @@ VARIANTS = {
     "qwen2.5-7b": dict(preset="qwen2_5_7b", pages=8192),  # 56 KiB
     "llama-3.1-8b": dict(preset="llama3_1_8b", pages=4096),  # 128 KiB
     "qwen3-8b": dict(preset="qwen3_8b", pages=4096),  # 144 KiB
+    # Long responses, the regime of reasoning RL (module docstring, "Long responses"): the
+    # same weights as qwen2.5-7b / qwen3-8b, their folders.
+    "qwen2.5-7b-16k": dict(preset="qwen2_5_7b", pages=12288, new_tokens=16384,
+                           folder="qwen2.5-7b"),
+    "qwen3-8b-32k": dict(preset="qwen3_8b", pages=4096, new_tokens=32768, folder="qwen3-8b"),
 }
 
 
@@ -64,8 +90,9 @@ def get_config(arg: str | None = None):
                     train="data/gsm8k/train.jsonl", test="data/gsm8k/test.jsonl",
                     model="", dataset="gsm8k", eta=2, trainer_devices=4, instances=4)
     c = grpo.get_config(f"eta={arg.eta}")
-    c.model.checkpoint = arg.model or (f"models/{variants[0]}" if variants
-                                       else "models/qwen2.5-0.5b")
+    c.model.checkpoint = arg.model or (
+        f"models/{VARIANTS[variants[0]].get('folder', variants[0])}" if variants
+        else "models/qwen2.5-0.5b")
     # The forward and backward passes and the weights rollout gets; the trainer keeps float32
     # master weights and Adam moments (asyncrl/train/trainer.py).
     c.model.param_dtype = "bfloat16"
@@ -106,18 +133,29 @@ def get_config(arg: str | None = None):
         from asyncrl.config_args import ConfigError
         raise ConfigError(f"config argument: one model variant at most, got {variants}")
     for name in variants:
-        _real_shape(c, **VARIANTS[name])
+        _real_shape(c, **{k: v for k, v in VARIANTS[name].items() if k != "folder"})
     return c
 
 
-def _real_shape(c, preset: str, pages: int) -> None:
+def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048) -> None:
     """A 1.5-8B model: the shape named (the checkpoint folder's config.json wins when it is
-    there), paged KV for 2,048-token responses, the trainer sharded (FSDP over its chips)
-    with full remat and 8 micro-batches."""
+    there), paged KV for `new_tokens`-token responses, the trainer sharded (FSDP over its
+    chips) with full remat and 8 micro-batches. Past 2,048 new tokens (the long presets),
+    packed rows that hold the longest trajectory, and longer decode dispatches."""
     c.model.preset = preset
-    c.rollout.max_new_tokens = 2048
+    c.rollout.max_new_tokens = new_tokens
     c.rollout.page_size = 16
     c.rollout.num_pages = pages
     c.rollout.decode_steps_per_dispatch = 8
     c.train.remat = "full"
-    c.eval.max_new_tokens = 2048
+    c.eval.max_new_tokens = new_tokens
+    if new_tokens > 2048:
+        # Responses of up to new_tokens run for minutes: a dispatch of 16 decode steps
+        # halves the host's share of each, and the slots are what the KV pages hold at
+        # the length model's mean trajectory (asyncrl.plan prints it), not more.
+        c.rollout.decode_steps_per_dispatch = 16
+        c.rollout.num_slots = 64
+        # A row holds the longest trajectory; the rest are packed beside each other
+        # (asyncrl/train/packing.py), and the step never holds a row's T x T scores.
+        c.train.tokens_per_row = c.rollout.prompt_bucket + new_tokens
+        c.train.attention = "auto"

@@ -11,6 +11,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 from asyncrl.metrics import read_metrics
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -44,6 +46,23 @@ def test_protocol_benchmark():
     result = _last_json("protocol.py", "--entries=2000", "--batch_size=16", "--instances=10")
     assert {"entries_per_s", "ops_per_s", "vs_goal"} <= result.keys()
     assert result["ops_per_s"] > result["entries_per_s"] > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="its steps compile for a TPU topology: libtpu (requirements-test.txt)")
+def test_long_context_benchmark():
+    result = _last_json("long_context.py", "--model=tiny", "--caps", "64", "--cpu_groups=2",
+                        "--cpu_cap=64", "--repeats=1")
+    assert {"padding_fraction", "padding_fraction_before", "hbm_per_chip_gib", "refused",
+            "flops_per_useful_token_vs_6n", "compile_s", "cpu_tok_s",
+            "cpu_packed_vs_padded"} <= result.keys()
+    assert result["hbm_per_chip_gib"]["64"].keys() == {"before", "after"}
+    assert min(result["hbm_per_chip_gib"]["64"].values()) > 0
+    # Packed rows compute less padding than a trajectory per row, and only what they hold.
+    assert 0 <= result["padding_fraction"] < result["padding_fraction_before"] < 1
+    assert result["cpu_rows"]["packed"][0] < result["cpu_rows"]["padded"][0]
+    assert result["cpu_packed_vs_padded"] == round(
+        result["cpu_tok_s"]["packed"] / result["cpu_tok_s"]["padded_dense"], 2)
 
 
 def test_sim_paper_benchmark(tmp_path):

@@ -92,3 +92,16 @@ def test_a_missing_data_file_is_named(files, tmp_path):
     c = scaled_down(train, tmp_path / "test.jsonl", model)
     with pytest.raises(ConfigError, match=r"config.task.test_path = .*test.jsonl"):
         validate(c, 8)
+
+
+def test_the_long_response_presets_resolve_for_planning():
+    """qwen2.5-7b-16k and qwen3-8b-32k (the module docstring's long responses) resolve
+    without their weights here, as asyncrl.plan reads them, on the short presets' folders."""
+    for variant, folder, new_tokens in (("qwen2.5-7b-16k", "qwen2.5-7b", 16384),
+                                        ("qwen3-8b-32k", "qwen3-8b", 32768)):
+        spec = resolve(get_config(variant), local_files=False)
+        assert spec.model.checkpoint == f"models/{folder}"
+        assert spec.rollout.max_new_tokens == new_tokens
+        assert spec.train.tokens_per_row == spec.rollout.prompt_bucket + new_tokens
+        with pytest.raises(ConfigError, match=rf"config.model.checkpoint = 'models/{folder}'"):
+            resolve(get_config(variant))  # the weights are not here: named before loading

@@ -310,3 +310,176 @@ def test_two_kinds_of_chip_are_split_by_the_simulator():
     picked = (recommended["trainer"], recommended["rollout"])
     assert {p.split("-")[0] for p in picked} == {"v5e", "v6e"}
     assert f"picked {picked[0]} + {picked[1]}" in done.stdout
+
+
+# ------------------------------------------------------- long rows: packed steps and slices
+
+
+@pytest.mark.parametrize("variant, folder, new_tokens", [
+    ("qwen2.5-7b-16k", "qwen2.5-7b", 16384), ("qwen3-8b-32k", "qwen3-8b", 32768)])
+def test_long_response_presets_pack_rows_that_hold_the_longest_trajectory(variant, folder,
+                                                                          new_tokens):
+    from asyncrl.config import resolve
+    from experiments import gsm8k
+
+    spec = resolve(gsm8k.get_config(variant), local_files=False)
+    assert spec.model.checkpoint == f"models/{folder}"  # the same weights as the short preset
+    assert spec.rollout.max_new_tokens == spec.eval.max_new_tokens == new_tokens
+    assert spec.train.tokens_per_row == spec.rollout.max_len == 512 + new_tokens
+    assert spec.rollout.max_len % spec.rollout.page_size == 0
+    # The pool holds the longest sequence (the config checks that) and several of the length
+    # model's mean one.
+    from asyncrl.plan.parts import trajectory_lengths
+    pool = spec.rollout.num_pages * spec.rollout.page_size
+    assert pool >= max(spec.rollout.max_len, 8 * trajectory_lengths(spec).mean())
+    assert (spec.train.attention, spec.train.remat) == ("auto", "full")
+    validate(gsm8k.get_config(variant), device_count=16, local_files=False)
+
+
+def _spec(overrides: dict, config: str = "qwen2.5-7b-16k"):
+    from asyncrl.config import with_overrides
+    from experiments import grpo, gsm8k
+
+    base = grpo.get_config("tiny") if config == "tiny" else gsm8k.get_config(config)
+    return validate(with_overrides(base, overrides), device_count=64, local_files=False)
+
+
+def test_the_planned_step_has_the_rows_the_trainer_packs():
+    """The planner compiles the step for the batch the run's packer makes of one step's
+    trajectories under the length model, its row count bucketed for the chips."""
+    from asyncrl.plan.parts import step_layout, trajectory_lengths
+    from asyncrl.servers.trajectory import TrajectoryRecord
+    from asyncrl.train.trainer import TrainBatch
+
+    spec = _spec({"mesh.trainer_devices": 8})
+    lengths = trajectory_lengths(spec)
+    assert len(lengths) == 32 * 8 and lengths.max() <= spec.rollout.max_len
+    # Responses about 16,384 / 8 with a long tail, prompts about 256.
+    assert 1_500 < np.median(lengths) < 3_500 and lengths.max() > 4 * np.median(lengths)
+    group = spec.rollout.group_size
+    records = [TrajectoryRecord(trajectory_id=i, prompt=np.zeros(1, np.int32), max_new_tokens=n,
+                                tokens=[3] * (int(n) - 1), logprobs=[0.0] * (int(n) - 1),
+                                versions=[0] * (int(n) - 1), entry_id=i // group,
+                                prompt_id=i // group, reward=0.0)
+               for i, n in enumerate(lengths)]
+    groups = [records[i:i + group] for i in range(0, len(records), group)]
+    for chips in (8, 16):
+        layout = step_layout(spec, chips, spec.train.num_microbatches)
+        batch = TrainBatch.from_groups(groups, [0] * len(groups), 0, spec.rollout.max_len,
+                                       group, spec.train.tokens_per_row, chips * 8)
+        assert batch.tokens.shape == (layout.rows, layout.width)
+        assert layout.padding_fraction == pytest.approx(1 - lengths.sum() / batch.tokens.size)
+    padded = step_layout(_spec({"mesh.trainer_devices": 8, "train.tokens_per_row": 0}), 8, 8)
+    assert (padded.rows, padded.width, padded.packed) == (256, 16896, False)
+    assert padded.padding_fraction > 0.75 > layout.padding_fraction
+
+
+def test_micro_batches_are_tried_up_to_one_row_per_chip():
+    from asyncrl.plan.parts import microbatch_counts, step_layout
+
+    # Unpacked: 256 rows over 8 chips, 32 each; the config's 8, then 16, then 32.
+    unpacked = _spec({"mesh.trainer_devices": 8}, "qwen2.5-7b")
+    assert microbatch_counts(unpacked, 8) == [8, 16, 32]
+    # 24 rows a chip: 8 divides them, 16 does not; the next is one row each.
+    odd = _spec({"mesh.trainer_devices": 8, "train.batch_size": 24}, "qwen2.5-7b")
+    assert microbatch_counts(odd, 8) == [8, 24]
+    # Packed: any count splits (rows are bucketed to it); the last is one row per chip.
+    packed = _spec({"mesh.trainer_devices": 8, "train.num_microbatches": 1})
+    counts = microbatch_counts(packed, 8)
+    assert counts[:3] == [1, 2, 4] and counts == sorted(set(counts))
+    assert step_layout(packed, 8, counts[-1]).rows_per_chip(8) == 1
+    assert step_layout(packed, 8, counts[-2]).rows_per_chip(8) > 1
+    # The preset's 8 already computes one row per chip at once: nothing more to try.
+    assert microbatch_counts(_spec({"mesh.trainer_devices": 8}), 8) == [8]
+
+
+def test_loops_are_counted_through_multi_line_attributes_and_by_their_step():
+    """What the TPU compiler prints for a packed splash step over FSDP: a Pallas call's
+    kernel metadata over several lines (one starting with '}}': the loop body goes on after
+    it), and a windowed einsum's loop unrolled by two, its induction variable stepping by 2
+    to its limit. Each matmul counts once a trip, and there are limit / 2 trips."""
+    from asyncrl.plan.hlo_cost import Program
+
+    text = """HloModule m
+
+%cond (c: (s32[], f32[8,8])) -> pred[] {
+  %c = (s32[], f32[8,8]) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(8)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+%body (b: (s32[], f32[8,8])) -> (s32[], f32[8,8]) {
+  %b = (s32[], f32[8,8]) parameter(0)
+  %i = s32[] get-tuple-element(%b), index=0
+  %x = f32[8,8] get-tuple-element(%b), index=1
+  %k = f32[8,8] custom-call(%x), custom_call_target="tpu_custom_call", frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 512}"
+}}, metadata={op_name="pallas_call"}
+  %d = f32[8,8] dot(%k, %x), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %two = s32[] constant(2)
+  %j = s32[] add(%i, %two)
+  ROOT %t = (s32[], f32[8,8]) tuple(%j, %d)
+}
+
+ENTRY %main (a: f32[8,8]) -> f32[8,8] {
+  %a = f32[8,8] parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], f32[8,8]) tuple(%zero, %a)
+  %w = (s32[], f32[8,8]) while(%init), condition=%cond, body=%body
+  ROOT %r = f32[8,8] get-tuple-element(%w), index=1
+}
+"""
+    program = Program(text)
+    assert [i.opcode for i in program.computations["body"]][-3:] == ["constant", "add", "tuple"]
+    assert program.loops() == [("w", 4)]
+    dot = 2 * 8 * 8 * 8
+    assert 4 * dot <= program.cost().flops < 4 * dot + 16  # and the loop's few scalar adds
+
+
+def _long_rows(max_len: int, **overrides):
+    """The tiny config's run with rows of `max_len` tokens: 2 entries x 4 responses."""
+    return _spec({"train.batch_size": 2, "rollout.group_size": 4, "rollout.num_slots": 4,
+                  "rollout.prompt_bucket": 16, "rollout.max_new_tokens": max_len - 16,
+                  "eval.max_new_tokens": 4, "train.num_microbatches": 1, **overrides}, "tiny")
+
+
+@needs_libtpu
+def test_the_planner_takes_more_micro_batches_when_the_configs_do_not_fit():
+    from asyncrl.plan.parts import check_fits, trainer_part
+
+    # Dense scores of 8,192-token rows: eight rows at once ask a v5e chip for more than its
+    # 16 GiB; the TPU compiler refuses, and four at once fit.
+    spec = _long_rows(8192, **{"train.attention": "dense"})
+    part, info = trainer_part(spec, ModelConfig.tiny(max_seq_len=8192),
+                              accelerators.parse("v5e-1"))
+    (first, asked, refused), *_ = info["tried"]
+    assert (first, refused) == (1, True) and asked > part.capacity
+    assert part.layout.num_microbatches > 1 and not info["refused"]
+    assert [m for m, _, _ in info["tried"]] == [1, 2, 4, 8][:len(info["tried"])]
+    assert part.hbm_bytes_per_device <= part.capacity
+    check_fits(part, None, spec)  # fits: returns
+
+
+@needs_libtpu
+def test_a_row_one_chip_cannot_hold_names_the_smallest_slice_that_holds_it():
+    from asyncrl.plan.hbm import DoesNotFit
+    from asyncrl.plan.parts import check_fits, trainer_part
+
+    # 1.1B parameters, packed rows of 2,048 tokens: on one v5e chip the float32 master, Adam
+    # and the gradient leave no room for a row; FSDP over two chips halves them.
+    spec = _long_rows(2048, **{"train.tokens_per_row": 2048})
+    model = ModelConfig.tiny(hidden_dim=2048, mlp_dim=8192, num_layers=16, num_heads=16,
+                             num_kv_heads=4, head_dim=128, max_seq_len=2048,
+                             param_dtype="bfloat16")
+    one, info = trainer_part(spec, model, accelerators.parse("v5e-1"))
+    # Every count up to one row per chip was tried; a second micro-batch adds a float32
+    # gradient accumulator, so the one reported is the count that needed the least.
+    assert info["tried"][-1][0] == 2 and one.layout.rows_per_chip(1) > 1
+    assert one.hbm_bytes_per_device == min(needed for _, needed, _ in info["tried"])
+    with pytest.raises(DoesNotFit, match=r"row.? of 2,048 tokens per chip at once.* the "
+                                         r"smallest trainer slice that holds it is v5e-2 "
+                                         r"\(2 chips\)$"):
+        check_fits(one, None, spec)
+    two, _ = trainer_part(spec, model, accelerators.parse("v5e-2"))  # and it does
+    check_fits(two, None, spec)

@@ -28,7 +28,8 @@ Per instruction, as HloCostAnalysis counts them:
                   neither touches HBM, so bytes - 2 * vmem estimates HBM traffic (exact for
                   a buffer written once and read once in full).
 A loop's trip count is XLA:CPU's `known_trip_count`, or, where the TPU compiler leaves none,
-read from its condition (induction variable < constant, from the constant it starts at).
+read from its condition (induction variable < constant, from the constant it starts at, by
+the constant its body adds: 2 where the compiler unrolled a loop by two).
 """
 
 from __future__ import annotations
@@ -163,7 +164,7 @@ def parse(hlo_text: str) -> tuple[dict[str, list[Instruction]], str]:
                 current = computations.setdefault(header.group(2), [])
                 entry = header.group(2) if header.group(1) else entry
             continue
-        if line.startswith("}"):
+        if line.rstrip() == "}":  # not "}}, metadata=…": a Pallas call's attributes span lines
             current = None
             continue
         match = _INSTRUCTION.match(line)
@@ -384,7 +385,27 @@ class Program:
                 or len(limits) != 2 or limits[1] is None):
             raise ValueError(f"while loop {loop.name}: cannot read its trip count from its "
                              f"condition {condition}")
-        return max(limits[1] - self._loop_start(where, loop), 0)
+        induction = scope.get(compare.operands[0])
+        index = (re.search(r"\bindex=(\d+)", induction.attributes)
+                 if induction is not None and induction.opcode == "get-tuple-element" else None)
+        step = self._loop_step(loop, int(index.group(1))) if index else 1
+        return max(-(-(limits[1] - self._loop_start(where, loop)) // step), 0)
+
+    def _loop_step(self, loop: Instruction, index: int) -> int:
+        """What each trip adds to the induction variable (element `index` of the loop's
+        tuple): the constant the body's root adds to it, else 1. The TPU compiler unrolls a
+        windowed einsum's loop (an FSDP all-gather fused with its matmul) by two and steps
+        it by 2."""
+        body = loop.called()["body"]
+        root = self.computations[body][-1]
+        if root.opcode != "tuple" or index >= len(root.operands):
+            return 1
+        scope = self._by_name[body]
+        update = scope.get(root.operands[index])
+        if update is None or update.opcode != "add":
+            return 1
+        steps = [_constant(scope.get(o)) for o in update.operands]
+        return next((s for s in steps if s is not None and s > 0), 1)
 
     def _loop_start(self, where: str, loop: Instruction) -> int:
         """The induction variable's first value: element 0 of the loop's initial tuple when

@@ -33,6 +33,7 @@ class Part:
     pieces: dict[str, float]  # what the bytes are made of, by name
     # Program name -> per chip per call: flops, bytes_accessed, vmem_bytes (loops counted).
     costs: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
+    layout: StepLayout | None = None  # the trainer's: the rows its step was compiled for
 
     @property
     def capacity(self) -> float:
@@ -88,8 +89,101 @@ def _stand_in_cost(analysed: dict, model, float32, per: float = 1.0) -> dict[str
             "bytes_low": wide["moved_bytes"] * narrow / per, "vmem_bytes": 0.0}
 
 
-def _train_step_program(spec, model, devices):
-    """The train step as the run jits it, on `devices`: (trainer, state, batch), abstract."""
+# The planner's length model, what its simulator draws too (asyncrl/sim/workload.py): prompts
+# lognormal about half the bucket, responses lognormal about max_new_tokens / 8 (sigma 1, the
+# long tail of reasoning traces), each capped. One step's trajectories are drawn from it with
+# LENGTHS_SEED, so a plan is the same every time it is made.
+LENGTHS_SEED = 0
+
+
+def length_model(spec, response_median: float = 0.0) -> tuple[dict, dict]:
+    """(prompt, response) length distributions as asyncrl/sim/workload.py names them;
+    `response_median` 0: rollout.max_new_tokens / 8."""
+    rollout = spec.rollout
+    return ({"name": "lognormal", "median": rollout.prompt_bucket / 2, "sigma": 0.3,
+             "cap": rollout.prompt_bucket},
+            {"name": "lognormal", "median": response_median or rollout.max_new_tokens / 8,
+             "sigma": 1.0, "cap": rollout.max_new_tokens})
+
+
+def trajectory_lengths(spec, response_median: float = 0.0):
+    """One step's trajectories' lengths (prompt + response), drawn from the length model: a
+    prompt per entry, shared by its group's responses."""
+    import numpy as np
+
+    from asyncrl.sim.workload import build_lengths
+
+    prompts, responses = (build_lengths(d) for d in length_model(spec, response_median))
+    rng = np.random.default_rng(LENGTHS_SEED)
+    entries, group = spec.train.batch_size, spec.rollout.group_size
+    return (np.repeat(prompts.sample(rng, entries), group)
+            + responses.sample(rng, entries * group))
+
+
+@dataclasses.dataclass(frozen=True)
+class StepLayout:
+    """The rows one train step computes: `rows` of `width` tokens in `num_microbatches`
+    micro-batches, `useful` of those tokens trajectories' (the rest padding)."""
+
+    rows: int
+    width: int
+    num_microbatches: int
+    useful: int
+    packed: bool
+
+    @property
+    def padding_fraction(self) -> float:
+        return 1.0 - self.useful / (self.rows * self.width)
+
+    def rows_per_chip(self, chips: int) -> int:
+        """Of one micro-batch: what each chip computes at once."""
+        return self.rows // (chips * self.num_microbatches)
+
+    def text(self, chips: int) -> str:
+        kind = "packed rows" if self.packed else "rows, a trajectory each,"
+        return (f"{self.rows} {kind} of {self.width:,} tokens "
+                f"({self.padding_fraction:.0%} padding), train.num_microbatches = "
+                f"{self.num_microbatches}: {self.rows_per_chip(chips)} row(s) per chip at once")
+
+
+def step_layout(spec, chips: int, num_microbatches: int,
+                response_median: float = 0.0) -> StepLayout:
+    """The step's rows as the trainer lays out one batch drawn from the length model: one
+    trajectory per row padded to rollout.max_len, or (train.tokens_per_row) packed first-fit
+    decreasing and the row count bucketed as `Trainer.host_batch` does for `chips` devices."""
+    from asyncrl.train.packing import bucket_rows, first_fit_decreasing
+
+    lengths = trajectory_lengths(spec, response_median)
+    useful, budget = int(lengths.sum()), spec.train.tokens_per_row
+    if not budget:
+        return StepLayout(len(lengths), spec.rollout.max_len, num_microbatches, useful, False)
+    packed = len(first_fit_decreasing(lengths, budget))
+    rows = bucket_rows(packed, chips * num_microbatches, len(lengths))
+    return StepLayout(rows, budget, num_microbatches, useful, True)
+
+
+def microbatch_counts(spec, chips: int, response_median: float = 0.0) -> list[int]:
+    """The micro-batch counts to try, fewest first: the config's, then doublings of it, up to
+    one row per chip at once (the least a step can hold without splitting a row). Unpacked
+    rows split evenly or not at all: a chip's rows, when no further doubling divides them."""
+    from asyncrl.train.packing import first_fit_decreasing
+
+    lengths = trajectory_lengths(spec, response_median)
+    budget = spec.train.tokens_per_row
+    # A count past a chip's share of the rows before bucketing only adds empty rows.
+    most = (-(-len(first_fit_decreasing(lengths, budget)) // chips) if budget
+            else len(lengths) // chips)
+    counts = [spec.train.num_microbatches]
+    while counts[-1] < most:
+        doubled = 2 * counts[-1]
+        counts.append(doubled if doubled < most and (budget or most % doubled == 0)
+                      else most)
+    return counts
+
+
+def _train_step_program(spec, model, devices, layout: StepLayout):
+    """The train step as the run jits it, on `devices`, for a batch laid out as `layout`:
+    (trainer, state, batch), abstract."""
     import jax
     import jax.numpy as jnp
 
@@ -97,28 +191,38 @@ def _train_step_program(spec, model, devices):
 
     mesh = trainer_mesh(devices)
     group = spec.rollout.group_size
-    trainer = Trainer.create(spec.train_config(), model, mesh, group)
-    rows = spec.train.batch_size * group
-    length = spec.rollout.prompt_bucket + spec.rollout.max_new_tokens
-    sh = batch_shardings(mesh, group)
+    config = dataclasses.replace(spec.train_config(),
+                                 num_microbatches=layout.num_microbatches)
+    trainer = Trainer.create(config, model, mesh, group)
+    rows, length = layout.rows, layout.width
+    trajectories = spec.train.batch_size * group  # one per row unpacked
+    sh = batch_shardings(mesh, group, packed=layout.packed)
 
     def arr(shape, dtype, sharding):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
+    packed = {} if not layout.packed else dict(
+        segment_ids=arr((rows, length), jnp.int32, sh.segment_ids),
+        trajectory=arr((rows, length), jnp.int32, sh.trajectory),
+        padded_len=arr((), jnp.int32, sh.padded_len))
     batch = TrainBatch(
         arr((rows, length), jnp.int32, sh.tokens), arr((rows, length), jnp.int32, sh.positions),
         arr((rows, length), jnp.float32, sh.loss_mask),
         arr((rows, length), jnp.float32, sh.behaviour_logp),
-        arr((rows, length), jnp.int32, sh.token_versions), arr((rows,), jnp.float32, sh.rewards),
-        arr((rows,), jnp.int32, sh.v_traj), arr((), jnp.int32, sh.buffer_version),
-        group_size=group)
+        arr((rows, length), jnp.int32, sh.token_versions),
+        arr((trajectories,), jnp.float32, sh.rewards),
+        arr((trajectories,), jnp.int32, sh.v_traj), arr((), jnp.int32, sh.buffer_version),
+        group_size=group, **packed)
     return trainer, trainer.abstract_state(), batch
 
 
-def trainer_part(spec, model, accelerator) -> tuple[Part, dict]:
-    """The train step compiled on all the trainer's chips (FSDP), and its memory analysis."""
-    devices = _devices(accelerator, accelerator.chips)
-    trainer, state, batch = _train_step_program(spec, model, devices)
+def train_step_part(spec, model, accelerator, layout: StepLayout,
+                    devices=None) -> tuple[Part, dict | None]:
+    """The train step for `layout` compiled on the trainer's chips (FSDP): its Part (on a
+    TPU with its costs) and the step's analysis, None where the TPU compiler refused it for
+    want of HBM (the Part's activations are then the temporaries it asked for)."""
+    devices = devices or _devices(accelerator, accelerator.chips)
+    trainer, state, batch = _train_step_program(spec, model, devices, layout)
     chips = accelerator.chips
     pieces = {"params_bytes": _nbytes(state.params) / chips,
               "optimizer_bytes": _nbytes(state.opt_state) / chips,
@@ -126,11 +230,10 @@ def trainer_part(spec, model, accelerator) -> tuple[Part, dict]:
               # The policy copy rollout receives exists beside the state while it is pushed.
               "policy_copy_bytes": _nbytes(state.params) / 2 / chips
               if model.param_dtype != "float32" else 0.0}
-    start = time.perf_counter()
     step = _compiled(trainer.step, (state, batch), devices, (0,))
     if not isinstance(step, dict):  # the TPU compiler found it cannot fit
         pieces["activation_bytes"] = step
-        return Part(accelerator, sum(pieces.values()), pieces), {"compile_s": 0.0}
+        return Part(accelerator, sum(pieces.values()), pieces, layout=layout), None
     pieces["activation_bytes"] = step["temp_bytes"]
     # The first half of the trainer-to-rollout reshard: the policy copy cast on the trainer's
     # shards (the second half crosses to the rollout's chips over the network).
@@ -139,21 +242,51 @@ def trainer_part(spec, model, accelerator) -> tuple[Part, dict]:
     if isinstance(cast, dict):
         pieces["policy_copy_bytes"] = cast["output_bytes"]
     total = step["device_bytes"] + pieces["policy_copy_bytes"]
-    costs = {}  # a CPU run's: no datasheet, no times predicted
+    costs = {}  # a GPU's need its float32 stand-in (trainer_part); a CPU run's none
     if accelerator.kind == "tpu":
-        costs["train_step"] = _with_attention_kernel(_cost(step), spec, model, chips)
-    elif accelerator.kind == "gpu":
+        costs["train_step"] = _with_attention_kernel(_cost(step), spec, model, chips, layout)
+    return Part(accelerator, total, pieces, costs, layout), step
+
+
+def trainer_part(spec, model, accelerator, response_median: float = 0.0) -> tuple[Part, dict]:
+    """The train step compiled on all the trainer's chips (FSDP), and its memory analysis.
+
+    At the config's micro-batch count first; on an accelerator where that does not fit, at
+    more (`microbatch_counts`), up to one row per chip at once: the first that fits is the
+    plan, else the one that needed the least is what check_fits reports (more micro-batches
+    need not need less: past one, the step also holds a float32 gradient accumulator).
+    Remat is the config's. info: compile_s; refused: the TPU compiler refused the one
+    reported; tried: (micro-batches, bytes per chip, refused) of each compile."""
+    devices = _devices(accelerator, accelerator.chips)
+    chips = accelerator.chips
+    start, tried, best = time.perf_counter(), [], None
+    counts = ([spec.train.num_microbatches] if accelerator.kind == "cpu" else
+              microbatch_counts(spec, chips, response_median))  # a host has no HBM to fit
+    for m in counts:
+        layout = step_layout(spec, chips, m, response_median)
+        part, step = train_step_part(spec, model, accelerator, layout, devices)
+        tried.append((m, part.hbm_bytes_per_device, step is None))
+        if best is None or part.hbm_bytes_per_device < best[0].hbm_bytes_per_device:
+            best = part, step
+        if part.hbm_bytes_per_device <= part.capacity:
+            break
+    part, step = best
+    layout = part.layout
+    if step is not None and accelerator.kind == "gpu":
         def float32():
-            wide = _train_step_program(spec, model.replace(param_dtype="float32"), devices)
+            wide = _train_step_program(spec, model.replace(param_dtype="float32"), devices,
+                                       layout)
             return _compiled(wide[0].step, wide[1:], devices, (0,))
-        costs["train_step"] = _stand_in_cost(step, model, float32)
-    return Part(accelerator, total, pieces, costs), {"compile_s": time.perf_counter() - start}
+        part.costs["train_step"] = _stand_in_cost(step, model, float32)
+    return part, {"compile_s": time.perf_counter() - start, "refused": step is None,
+                  "tried": tried}
 
 
-def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int) -> dict[str, float]:
+def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int,
+                           layout: StepLayout) -> dict[str, float]:
     """A TPU train step's cost with its splash attention added (`auto` and `splash` run the
-    Pallas kernel there, which XLA credits with nothing): every layer, the step's rows split
-    over the trainer's chips, the forward twice under full remat."""
+    Pallas kernel there, which XLA credits with nothing): every layer, the step's rows (every
+    micro-batch's) split over the trainer's chips, the forward twice under full remat."""
     import jax.numpy as jnp
 
     from asyncrl.plan.kernel_cost import splash_attention
@@ -161,8 +294,7 @@ def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int) -> d
     if spec.train.attention not in ("auto", "splash"):
         return cost
     kernel = splash_attention(
-        rows=spec.train.batch_size * spec.rollout.group_size / chips,
-        length=spec.rollout.max_len, num_q_heads=model.num_heads,
+        rows=layout.rows / chips, length=layout.width, num_q_heads=model.num_heads,
         num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
         itemsize=jnp.dtype(model.param_dtype).itemsize,
         forward_passes=2 if spec.train.remat == "full" else 1) * model.num_layers
@@ -346,11 +478,11 @@ def check_fits(trainer: Part | None, rollout: Part | None, spec) -> None:
                 f"{part.accelerator.chip.name} chip ({part.accelerator.name}) against its "
                 f"{part.capacity / 1e9:.1f} GB of HBM, {over / 1e9:.1f} GB over")
         if side == "trainer":
-            _trainer_does_not_fit(part, head, spec.train)
+            _trainer_does_not_fit(part, head, spec)
         _rollout_does_not_fit(part, head, spec.rollout)
 
 
-def _trainer_does_not_fit(part: Part, head: str, train) -> None:
+def _trainer_does_not_fit(part: Part, head: str, spec) -> None:
     p = part.pieces
     state = p["params_bytes"] + p["optimizer_bytes"] + p["policy_copy_bytes"]
     if state >= part.capacity:
@@ -361,11 +493,43 @@ def _trainer_does_not_fit(part: Part, head: str, train) -> None:
             f"per chip (float32 master weights {p['params_bytes'] / 1e9:.1f} GB, Adam "
             f"moments {p['optimizer_bytes'] / 1e9:.1f} GB); FSDP splits them: use at "
             f"least {chips} trainer chips")
-    remat = "" if train.remat == "full" else f", set train.remat='full' (now '{train.remat}')"
-    raise DoesNotFit(
-        f"{head}: activations and other temporaries of the train step are "
-        f"{p['activation_bytes'] / 1e9:.1f} GB; raise train.num_microbatches (now "
-        f"{train.num_microbatches}){remat}, or use more trainer chips")
+    raise DoesNotFit(_rows_do_not_fit(part, head, spec))
+
+
+# Of a chip's HBM, what the smallest slice named for a row may plan to fill: its figure is the
+# compiled one scaled to more chips, not compiled there.
+ROW_SLICE_HEADROOM = 0.9
+
+
+def _rows_do_not_fit(part: Part, head: str, spec) -> str:
+    """The message when no micro-batch count up to one row per chip fits (`part`: the one
+    that needed the least, from trainer_part). A row must hold the longest trajectory, and
+    more chips split the parameters, the optimizer state and the float32 gradient
+    (params-shaped, among the temporaries), never a row's activations: the smallest slice
+    is the power of two of chips that leaves the rest its room at this compile's figures."""
+    p, layout, accelerator = part.pieces, part.layout, part.accelerator
+    split = p["params_bytes"] * 2 + p["optimizer_bytes"] + p["policy_copy_bytes"]
+    rest = max(part.hbm_bytes_per_device - split, 0.0)
+    room = ROW_SLICE_HEADROOM * part.capacity - rest
+    rows = layout.rows_per_chip(accelerator.chips)
+    shorter = ("" if layout.width <= spec.rollout.max_len else
+               f", lower train.tokens_per_row to {spec.rollout.max_len:,}")
+    text = (f"{head}: of the micro-batch counts up to one row per chip at once, the least is "
+            f"train.num_microbatches = {layout.num_microbatches} ({rows} row{'s' * (rows > 1)} "
+            f"of {layout.width:,} tokens per chip at once, remat '{spec.train.remat}'): "
+            f"{rest / 1e9:.1f} GB of activations and temporaries beside {split / 1e9:.1f} GB of "
+            f"parameters, optimizer state and gradients; a row must hold the longest "
+            f"trajectory, rollout.prompt_bucket + rollout.max_new_tokens = "
+            f"{spec.rollout.max_len:,} tokens, and FSDP splits the state, not a row")
+    remat = ("" if spec.train.remat == "full" else
+             f"set train.remat='full' (now '{spec.train.remat}'), or ")
+    if room <= 0:
+        return (f"{text}: {remat}no {accelerator.chip.name} slice holds it: shorten "
+                f"rollout.max_new_tokens{shorter} or use a chip with more HBM")
+    chips = 1 << math.ceil(math.log2(split * accelerator.chips / room))
+    bigger = accelerator.with_chips(max(chips, 2 * accelerator.chips))
+    return (f"{text}: {remat}by this compile's figures scaled to more chips, the smallest "
+            f"trainer slice that holds it is {bigger.name} ({bigger.chips} chips){shorter}")
 
 
 def _rollout_does_not_fit(part: Part, head: str, rollout) -> None:

@@ -11,6 +11,15 @@ analysis of each is the HBM plan (asyncrl/plan/parts.py). On GPU the same progra
 compiled for this host's CPU (XLA:GPU is not installed here) and read the same way: their
 buffer sizes match what a GPU allocates to within layouts and fusions, and the plan says so.
 
+The train step is compiled for the batch the run would build from one step's trajectories
+drawn from the planner's length model (below; a fixed seed): a trajectory per row padded to
+rollout.max_len, or with train.tokens_per_row the rows the packer fills, their count
+bucketed for the trainer's chips (asyncrl/plan/parts.py `step_layout`). Remat is the
+config's; where its micro-batch count does not fit, doublings of it are compiled up to one
+row per chip at once and the plan names the count that fits (set it in the config). Where
+none does, the `error:` line says so and names the smallest trainer slice whose chips would
+hold a row beside their share of the state (the compiled figures scaled, not compiled).
+
 Times are predicted from what those programs compute and move, XLA's cost analysis with
 every loop counted (asyncrl/plan/hlo_cost.py) and the paged attention kernel counted from its
 block plan (asyncrl/plan/kernel_cost.py), on the chip's datasheet at stated efficiencies:
@@ -59,8 +68,8 @@ _ROLLOUT = flags.DEFINE_string("rollout", None, "The rollout instances' chips, t
 _ETA = flags.DEFINE_integer("eta", None, "Staleness bound to plan for; default: the config's, "
                             "and the recommendation tries 1, 2 and 4 beside it.")
 _RESPONSE_MEDIAN = flags.DEFINE_float(
-    "response_median", 0.0, "Median response length the simulator draws (lognormal, sigma "
-    "1, capped at rollout.max_new_tokens); 0: max_new_tokens / 8.")
+    "response_median", 0.0, "Median response length the simulator and the train step's "
+    "batch draw (lognormal, sigma 1, capped at rollout.max_new_tokens); 0: max_new_tokens / 8.")
 
 
 def _gb(x: float) -> str:
@@ -81,13 +90,14 @@ def _spec(c, trainer, rollout, eta):
                                device_count=trainer.chips + rollout.chips, local_files=False)
 
 
-def _assignment(spec, model, trainer_acc, rollout_acc) -> recommend.Assignment:
+def _assignment(spec, model, trainer_acc, rollout_acc,
+                response_median: float) -> recommend.Assignment:
     """Both sides compiled and checked; DoesNotFit names the part that does not fit."""
-    trainer, t_info = trainer_part(spec, model, trainer_acc)
-    print(f"  {trainer_acc.name}: train step compiled in {t_info['compile_s']:.0f} s"
-          if t_info["compile_s"] else
-          f"  {trainer_acc.name}: the TPU compiler refused the train step for want of HBM",
-          flush=True)
+    trainer, t_info = trainer_part(spec, model, trainer_acc, response_median)
+    done = "refused by the TPU compiler for want of HBM" if t_info["refused"] else "compiled"
+    print(f"  {trainer_acc.name}: train step {done} in {t_info['compile_s']:.0f} s: "
+          f"{trainer.layout.text(trainer_acc.chips)}", flush=True)
+    _print_microbatches(spec, trainer, t_info["tried"])
     check_fits(trainer, None, spec)
     rollout, r_info = rollout_part(spec, model, rollout_acc)
     print(f"  {rollout_acc.name}: prefill and decode compiled in {r_info['compile_s']:.0f} s",
@@ -96,16 +106,31 @@ def _assignment(spec, model, trainer_acc, rollout_acc) -> recommend.Assignment:
     return recommend.Assignment(trainer, rollout, r_info["kernel"], r_info["engine"])
 
 
-def _assignments(c, spec, model, trainer_acc, rollout_acc, eta) -> list[recommend.Assignment]:
+def _print_microbatches(spec, trainer, tried) -> None:
+    """What each micro-batch count tried needed, when the config's was not the one that fit."""
+    if len(tried) == 1 and trainer.hbm_bytes_per_device <= trainer.capacity:
+        return
+    for m, needed, refused in tried:
+        print(f"    train.num_microbatches = {m}: {_gb(needed)} per chip"
+              + (" (the TPU compiler refused it for want of HBM)" if refused else ""))
+    if trainer.hbm_bytes_per_device <= trainer.capacity:
+        print(f"    the config's {spec.train.num_microbatches} does not fit: the plan is "
+              f"train.num_microbatches = {trainer.layout.num_microbatches} (set it)",
+              flush=True)
+
+
+def _assignments(c, spec, model, trainer_acc, rollout_acc, eta,
+                 response_median: float) -> list[recommend.Assignment]:
     """The placement asked for (it must fit), and with two kinds of chip its swap, where it
     fits (a line says why not)."""
-    assignments = [_assignment(spec, model, trainer_acc, rollout_acc)]
+    assignments = [_assignment(spec, model, trainer_acc, rollout_acc, response_median)]
     if trainer_acc.generation != rollout_acc.generation:
         print(f"  the swap: train on {rollout_acc.name}, roll out on {trainer_acc.name}",
               flush=True)
         try:
             swapped = _spec(c, rollout_acc, trainer_acc, eta)
-            assignments.append(_assignment(swapped, model, rollout_acc, trainer_acc))
+            assignments.append(_assignment(swapped, model, rollout_acc, trainer_acc,
+                                           response_median))
         except UserError as error:  # DoesNotFit, or a batch that does not split there
             print(f"  the swap is not tried: {error}", flush=True)
     return assignments
@@ -135,7 +160,7 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
           + ("" if trainer_acc.kind == "tpu" and rollout_acc.kind == "tpu" else
              "; GPU parts compiled for this host's CPU (XLA:GPU is not here), sized on the "
              "datasheet"), flush=True)
-    assignments = _assignments(c, spec, model, trainer_acc, rollout_acc, eta)
+    assignments = _assignments(c, spec, model, trainer_acc, rollout_acc, eta, response_median)
     given = assignments[0]
     trainer, rollout = given.trainer, given.rollout
 
@@ -158,7 +183,8 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
         "trainer": {"hbm_bytes_per_device": trainer.hbm_bytes_per_device,
                     "hbm_capacity_bytes": trainer.capacity,
                     **{k: trainer.pieces[k] for k in ("params_bytes", "optimizer_bytes",
-                                                      "activation_bytes")}},
+                                                      "activation_bytes")},
+                    "step": _layout_json(spec, trainer.layout)},
         "rollout": {"hbm_bytes_per_device": rollout.hbm_bytes_per_device,
                     "hbm_capacity_bytes": rollout.capacity,
                     "kv_pages": rollout.pieces["kv_pages"],
@@ -168,6 +194,14 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
             "trainer", "trainer_chips", "rollout", "rollout_chips", "eta",
             "predicted_staleflow_vs_sync")},
     }
+
+
+def _layout_json(spec, layout) -> dict:
+    """The rows the planned train step was compiled for, and how it attends."""
+    return {"rows": layout.rows, "row_tokens": layout.width, "packed": layout.packed,
+            "num_microbatches": layout.num_microbatches,
+            "padding_fraction": round(layout.padding_fraction, 4),
+            "attention": spec.train.attention, "remat": spec.train.remat}
 
 
 def _print_plan(spec, given, predicted, recommended, concurrent, mean_len, median) -> None:

@@ -22,7 +22,7 @@ import tempfile
 
 from asyncrl.plan import predict
 from asyncrl.plan.hbm import DoesNotFit, param_count
-from asyncrl.plan.parts import Part, policy_bytes, scaled_trainer
+from asyncrl.plan.parts import Part, length_model, policy_bytes, scaled_trainer
 
 # A larger η never lowers StaleFlow's throughput in the simulator, but each step of lag
 # costs learning (docs/results.md): the recommendation takes the least η within this share
@@ -105,10 +105,7 @@ def simulate(spec, profile: dict, instances: int, trainer_chips: int, eta: int, 
         rc.batch_size = spec.train.batch_size
         rc.train_gpus_per_instance = trainer_chips / instances
         rc.num_slots = spec.rollout.num_slots
-        rc.prompt_lengths = {"name": "lognormal", "median": spec.rollout.prompt_bucket / 2,
-                             "sigma": 0.3, "cap": spec.rollout.prompt_bucket}
-        rc.response_lengths = {"name": "lognormal", "median": response_median, "sigma": 1.0,
-                               "cap": spec.rollout.max_new_tokens}
+        rc.prompt_lengths, rc.response_lengths = length_model(spec, response_median)
         rc.warmup_cycles, rc.measure_cycles = 1, 3
         return simulate_point(rc, systems(), label, instances=instances, eta=eta)
     finally:
