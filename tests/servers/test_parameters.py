@@ -1,4 +1,5 @@
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -69,10 +70,18 @@ def test_concurrent_pulls_and_pushes_always_see_a_whole_version(meshes):
     server.push(0, params_on(trainer, 0.0))
     seen, errors = [], []
 
+    last = 9
+
     def puller(i):
         mesh = rollout[i % 2]
         newest = -1
-        for _ in range(20):
+        # Pull until the last push is seen, not a fixed count: on a loaded host the pullers
+        # could otherwise finish before the first push and test nothing concurrent.
+        deadline = time.monotonic() + 120
+        while newest < last:
+            if time.monotonic() > deadline:
+                errors.append(("never saw the last version", newest))
+                return
             got = server.pull(i, replicated(mesh), newer_than=-1)
             version, params = got
             # Every leaf of a pulled tree belongs to the same version.
@@ -87,12 +96,12 @@ def test_concurrent_pulls_and_pushes_always_see_a_whole_version(meshes):
     threads = [threading.Thread(target=puller, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    for v in range(1, 10):
+    for v in range(1, last + 1):
         server.push(v, params_on(trainer, float(v)))
     for t in threads:
         t.join()
     assert not errors
-    assert max(seen) >= 1
+    assert seen.count(last) >= len(threads)
 
 
 @pytest.fixture(scope="module")
