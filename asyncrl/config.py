@@ -31,7 +31,7 @@ from asyncrl.placement import MeshSection, check_devices
 from asyncrl.rewards.registry import BOXED_REWARDS
 from asyncrl.rewards.section import RewardsSection
 from asyncrl.rollout.section import RolloutSection
-from asyncrl.sections import fail, int_at_least, typed
+from asyncrl.sections import check_keys, fail, int_at_least, typed
 from asyncrl.train.section import CheckpointSection, TrainSection
 
 
@@ -76,22 +76,12 @@ def resolve(config: ml_collections.ConfigDict | RunSpec, *, local_files: bool = 
     if isinstance(config, RunSpec):
         return config
     hints = typing.get_type_hints(RunSpec)
-    given = list(config.keys())
-    for key in given:
-        if key not in hints:
-            raise missing_field(key, list(hints))
-    for key in hints:
-        if key not in given:
-            raise ConfigError(f"config.{key} is missing: the config file must set every section "
-                              f"(experiments/grpo.py sets them all)")
-    sections = {name: hints[name] for name in SECTIONS}
-    # A config with several faults reports them one at a time, in this order: the reward
-    # plugins register their rewards before task.reward is looked up among them.
-    order = ("rewards", "staleness", "train", "rollout", "mesh", "coordinator", "task", "eval",
-             "model", "checkpoint", "log", "distributed")
+    check_keys(list(config.keys()), list(hints), list(hints))
+    # A config with several faults reports them one at a time, the reward plugins first:
+    # they register their rewards before task.reward is looked up among them.
     resolved = {}
-    for name in order:
-        resolved[name] = sections[name].from_node(config[name], name)
+    for name in ("rewards", *(s for s in SECTIONS if s != "rewards")):
+        resolved[name] = hints[name].from_node(config[name], name)
         resolved[name].check()
     spec = RunSpec(seed=typed(config["seed"], int, "seed"), **resolved)
     int_at_least("seed", spec.seed, 0)

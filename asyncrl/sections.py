@@ -28,7 +28,7 @@ def fail(field: str, value: Any, allowed: str) -> typing.NoReturn:
 
 class FrozenMapping(Mapping):
     """A read-only mapping (the coordinator's per-admission parameters): a spec shared by
-    every component cannot be changed by one of them. Pickles as a plain dict does (Ray)."""
+    every component cannot be changed by one of them. Hashable, as a frozen field must be."""
 
     def __init__(self, items: Mapping[str, Any]):
         self._items = dict(items)
@@ -45,14 +45,8 @@ class FrozenMapping(Mapping):
     def __repr__(self) -> str:
         return repr(self._items)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Mapping) and dict(self) == dict(other)
-
     def __hash__(self) -> int:
         return hash(tuple(sorted(self._items.items(), key=lambda kv: kv[0])))
-
-    def __reduce__(self):
-        return FrozenMapping, (self._items,)
 
 
 def section(cls):
@@ -78,18 +72,26 @@ class Section:
         hints = typing.get_type_hints(cls)
         declared = _field_names(cls)
         given = list(node.keys())
-        unknown = [k for k in given if k not in declared]
-        if unknown:
-            raise missing_field(f"{name}.{unknown[0]}", declared)
-        missing = [k for k in declared if k not in given and k not in cls.added]
-        if missing:
-            raise ConfigError(f"config.{name}.{missing[0]} is missing: the config file must set "
-                              f"every field of config.{name} (experiments/grpo.py sets them all)")
+        check_keys(given, [k for k in declared if k not in cls.added], declared, name)
         return cls(**{k: typed(node[k] if k in given else cls.added[k], hints[k], f"{name}.{k}")
                       for k in declared})
 
     def check(self) -> None:
         """The section's own rules (overridden); conversion has checked the types."""
+
+
+def check_keys(given, required, declared, name: str = "") -> None:
+    """A key of `given` not `declared`, or a `required` one missing: a ConfigError naming it
+    (`name`: the dotted place of the keys, '' at the top of the config)."""
+    prefix = f"{name}." if name else ""
+    unknown = [k for k in given if k not in declared]
+    if unknown:
+        raise missing_field(f"{prefix}{unknown[0]}", list(declared))
+    missing = [k for k in required if k not in given]
+    if missing:
+        where = f"every field of config.{name}" if name else "every section"
+        raise ConfigError(f"config.{prefix}{missing[0]} is missing: the config file must set "
+                          f"{where} (experiments/grpo.py sets them all)")
 
 
 def _field_names(cls) -> list[str]:

@@ -71,10 +71,10 @@ class StalenessSection(Section):
 
     def check(self) -> None:
         int_at_least("staleness.eta", self.eta, 0)
-        check_lead("staleness.lead", self.lead)
+        check_lead_field("staleness.lead", self.lead)
 
 
-def check_lead(field: str, lead: str) -> None:
+def check_lead_field(field: str, lead: str) -> None:
     if lead not in LEADS:
         fail(field, lead, "'auto' (start rollouts only as far ahead as keeps the trainer fed) "
              "or 'max' (as far ahead as η allows)")

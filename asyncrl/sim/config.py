@@ -38,7 +38,7 @@ import copy
 import ml_collections
 
 from asyncrl.config_args import ConfigError
-from asyncrl.coordinator.config import CoordinatorSection, check_lead, coordinator_config
+from asyncrl.coordinator.config import CoordinatorSection, check_lead_field, coordinator_config
 
 # Fields that moved, and where they went: setting one fails naming its new place.
 MOVED = {
@@ -191,7 +191,7 @@ def check(c) -> None:
         raise ConfigError(f"train_gpus_per_instance={c.train_gpus_per_instance!r}: must be > 0")
     # The live run's checks of the same fields, not a copy of them.
     coordinator_section(c).check_admission_params(c.eta, max(c.batch_size, 1))
-    check_lead("lead", c.lead)
+    check_lead_field("lead", c.lead)
 
 
 def coordinator_section(c) -> CoordinatorSection:
