@@ -54,14 +54,21 @@ def test_a_resumed_run_past_its_first_steps_is_not_looked_at():
 
 def test_groups_dynamic_sampling_dropped_before_the_first_batches_are_named_once():
     w = watch()
-    assert w.filtered(0, 5, batch_size=2) is None  # fewer than 3 batches' worth
-    said = w.filtered(0, 6, batch_size=2)
+    assert w.filtered(0, 5, 0, batch_size=2) is None  # fewer than 3 batches' worth
+    said = w.filtered(0, 6, 0, batch_size=2)
     assert said.startswith("coordinator.dynamic_sampling dropped 6 groups whose 2 responses "
                            "all scored alike before batch 1 formed")
-    assert w.filtered(0, 9, batch_size=2) is None
+    assert w.filtered(0, 9, 0, batch_size=2) is None
+
+
+def test_groups_dropped_beside_groups_kept_are_the_filter_working_not_a_missing_signal():
+    # A hard task: most groups agree (all wrong), some differ; their batch forms slowly.
+    w = watch()
+    assert w.filtered(0, 50, 1, batch_size=2) is None
+    assert w.filtered(0, 6, 0, batch_size=2) is not None  # nothing kept: named
 
 
 def test_a_run_whose_batches_have_signal_is_not_named_for_what_dynamic_sampling_dropped():
     w = watch()
     assert w.update(1, batch([[0, 1]])) is None
-    assert w.filtered(1, 100, batch_size=2) is None
+    assert w.filtered(1, 100, 0, batch_size=2) is None

@@ -251,6 +251,7 @@ class Core:
             self.counters.filtered_groups += 1
             self.abort_entry(entry)  # no GRPO signal; a fresh prompt takes its place
             return
+        self.counters.kept_groups += 1
         self.server.occupy(entry)
         self._carry_out(self.admission.on_scored(entry))
 

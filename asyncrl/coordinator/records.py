@@ -22,6 +22,7 @@ class Counters:
     reward_failures: int = 0
     reward_errors: int = 0  # responses the reward raised on alone: scored 0 and trained on
     filtered_groups: int = 0
+    kept_groups: int = 0  # scored groups that took a buffer slot (with signal, when filtering)
     rerouted_after_failure: int = 0
     failed_instances: int = 0
     rejoined_instances: int = 0  # fresh instances that took a failed one's place

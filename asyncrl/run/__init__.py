@@ -203,8 +203,10 @@ class Lead:
 
         def stop_waiting() -> bool:  # asked every half second while the batch is not there
             if self.c.coordinator.dynamic_sampling:
+                counters = self.rollouts.core.counters
                 self._nothing_to_learn(step, self.signal.filtered(
-                    step, self.rollouts.core.counters.filtered_groups, self.c.train.batch_size))
+                    step, counters.filtered_groups, counters.kept_groups,
+                    self.c.train.batch_size))
             return stop.is_set()
 
         try:

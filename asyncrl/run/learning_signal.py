@@ -57,11 +57,13 @@ class LearningSignalWatch:
         self.done = True
         return self._message(step)
 
-    def filtered(self, step: int, filtered_groups: int, batch_size: int) -> str | None:
+    def filtered(self, step: int, filtered_groups: int, kept_groups: int,
+                 batch_size: int) -> str | None:
         """With coordinator.dynamic_sampling, groups without signal are dropped before any
-        batch sees them: once the first `first_steps` batches' worth were dropped while those
-        batches have not formed, the one message to show (else None)."""
-        if self.done or step >= self.first_steps or \
+        batch sees them: once the first `first_steps` batches' worth were dropped and not
+        one group was kept (a group kept had signal: the filter is working, not starving),
+        the one message to show (else None)."""
+        if self.done or step >= self.first_steps or kept_groups or \
                 filtered_groups < self.first_steps * batch_size:
             return None
         self.done = True
