@@ -220,10 +220,13 @@ def _read_record(folder: pathlib.Path) -> dict | None:
 def _differences(record: dict, config,
                  experiment: str | None) -> list[str]:
     found = []
-    if experiment and record.get("experiment") and (
-            record.get("experiment_file"), record["experiment"].partition(":")[2]) != (
+    # The same experiment: the same name (a checkout elsewhere, a fresh VM: the same file
+    # relative to where it runs), or the same file named another way; each with its argument.
+    there = record.get("experiment")
+    if experiment and there and experiment != there and (
+            record.get("experiment_file"), there.partition(":")[2]) != (
             _experiment_file(experiment), experiment.partition(":")[2]):
-        found.append(f"experiment {record['experiment']} (this run: {experiment})")
+        found.append(f"experiment {there} (this run: {experiment})")
     # As recorded, not derived from the stored config again: its paths were resolved from
     # the directory the run started in.
     found += [f"config.{name} = {there!r} there, {here!r} here"

@@ -109,6 +109,21 @@ def test_a_file_named_two_ways_is_one_run(tmp_path, monkeypatch):
     claim(run, config, TINY)
 
 
+def test_the_same_experiment_from_a_checkout_elsewhere_is_one_run(tmp_path, monkeypatch):
+    """A run folder taken to a fresh machine, whose checkout lies at another path: the same
+    experiment name, a file that resolves elsewhere."""
+    run = tmp_path / "run"
+    claim(run, grpo.get_config("tiny"), TINY)
+    (run / "metrics.jsonl").write_text("")
+    record = json.loads((run / RUN_FILE).read_text())
+    record["experiment_file"] = "/elsewhere/asyncrl/experiments/grpo.py"
+    (run / RUN_FILE).write_text(json.dumps(record))
+    claim(run, grpo.get_config("tiny"), TINY)
+    with pytest.raises(RunFolderError, match=r"experiment experiments/grpo.py:tiny \(this run: "
+                                             r"experiments/staleflow.py:tiny\)"):
+        claim(run, grpo.get_config("tiny"), "experiments/staleflow.py:tiny")
+
+
 def test_resume_anyway_uses_the_folder_and_records_what_differed(tmp_path):
     claim(tmp_path, grpo.get_config("tiny"), TINY)
     (tmp_path / "metrics.jsonl").write_text("")
