@@ -28,13 +28,10 @@ from tokenizers import processors
 from asyncrl.config import resolve
 from asyncrl.config_args import ConfigError
 from asyncrl.errors import UserError
-from asyncrl.model.chat import TEMPLATE_FILE, TOKENIZER_CONFIG, chat_template_text
-from asyncrl.model.loading import export_hf
+from asyncrl.model.chat import chat_template_text
+from asyncrl.model.loading import EXPORT_FILES, EXPORT_REQUIRED, export_hf
 from asyncrl.run_checkpoint import checked_path, load_params, trainer_checkpoint
 
-# An export's folder, as export_hf writes it: what `--overwrite` may replace, and nothing else.
-_REQUIRED = frozenset({"config.json", "model.safetensors"})
-_WRITTEN = _REQUIRED | {"tokenizer.json", TOKENIZER_CONFIG, TEMPLATE_FILE, "generation_config.json"}
 
 
 def export_run(c, checkpoint: str, out: str | pathlib.Path, step: int | None = None,
@@ -98,16 +95,16 @@ def _check_out(out: pathlib.Path, overwrite: bool, checkpoint: pathlib.Path) -> 
     if not held:
         return target
     foreign = [path for path in held
-               if path.name not in _WRITTEN or path.is_symlink() or not path.is_file()]
-    missing = _REQUIRED - {path.name for path in held}
+               if path.name not in EXPORT_FILES or path.is_symlink() or not path.is_file()]
+    missing = EXPORT_REQUIRED - {path.name for path in held}
     if foreign or missing:
         shown = foreign or held
         listed = ", ".join(path.name + ("/" if path.is_dir() else "") for path in shown[:5])
         more = f" and {len(shown) - 5} more" if len(shown) > 5 else ""
         why = "which no export writes" if foreign else f"but no {' or '.join(sorted(missing))}"
         raise UserError(f"--out={out} holds {listed}{more}, {why}: --overwrite replaces only "
-                        f"an earlier export's folder ({', '.join(sorted(_WRITTEN))}; "
-                        f"{' and '.join(sorted(_REQUIRED))} among them); choose another --out")
+                        f"an earlier export's folder ({', '.join(sorted(EXPORT_FILES))}; "
+                        f"{' and '.join(sorted(EXPORT_REQUIRED))} among them); choose another --out")
     if not overwrite:
         raise UserError(f"--out={out} holds an export already; choose another --out, or pass "
                         f"--overwrite to replace it (once the new folder is written)")

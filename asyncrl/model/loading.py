@@ -72,6 +72,13 @@ def load_tokenizer(path: str | os.PathLike) -> tokenizers.Tokenizer:
         raise ModelFileError(f"{path}: cannot parse tokenizer: {e}") from None
 
 
+# What `export_hf` writes: the files every export has, then every file it may write (what a
+# later export may replace in its folder, and nothing else).
+EXPORT_REQUIRED = frozenset({"config.json", _SINGLE})
+EXPORT_FILES = EXPORT_REQUIRED | {"tokenizer.json", TOKENIZER_CONFIG, TEMPLATE_FILE,
+                                  "generation_config.json"}
+
+
 def export_hf(folder: str | os.PathLike, config: ModelConfig, params: nnx.State,
               tokenizer: tokenizers.Tokenizer | None = None, *, chat_template: str | None = None,
               tokenizer_source: str | os.PathLike | None = None,
