@@ -58,7 +58,7 @@ _RUNS_ON = {"splash": "tpu", "flash_gpu": "gpu", "cudnn": "gpu"}
 
 
 def attend(q, k, v, *, positions, segment_ids, impl: str, dtype, mesh=None,
-           interpret: bool = False, block: int = BLOCKWISE_BLOCK):
+           interpret: bool = False, block: int | None = None):
     """q [B, T, K, G, H], k / v [B, T, K, H], positions [B, T] int, segment_ids [B, T] int or
     None -> [B, T, K, G, H] in `dtype`.
 
@@ -68,16 +68,12 @@ def attend(q, k, v, *, positions, segment_ids, impl: str, dtype, mesh=None,
     Pallas' interpreter (any platform). block: blockwise's block size in tokens.
     """
     name = _resolve(impl, segment_ids, interpret)
-    if name == "blockwise" and impl == "auto" and q.shape[1] <= block:
-        # One block: the scores are a block's either way, and dense computes them without
-        # blockwise's loops and recomputation (benchmarks/long_context.py, this CPU, rows of
-        # 544: blockwise 2,606 useful tok/s padded against dense's 4,130).
-        name = "dense"
     if name == "dense":
         visible = _visible(positions, positions, segment_ids, segment_ids)
         return attend_masked(q, k, v, visible, dtype)
     if name == "blockwise":
         segments = jnp.zeros_like(positions) if segment_ids is None else segment_ids
+        block = block or BLOCKWISE_BLOCK
         return _blockwise(q, k, v, positions, segments, min(block, q.shape[1]), dtype)
     kernel = functools.partial(_KERNELS[name], interpret=interpret)
     if mesh is not None:
@@ -269,8 +265,8 @@ def _pad_rows(x, length: int, fill=0):
 def _splash(q, k, v, segment_ids, *, interpret: bool):
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
     batch, length, kv_heads, groups, head_dim = q.shape
-    heads, padded = kv_heads * groups, -(-length // 128) * 128  # tiles: 128-multiples
-    tile = next(t for t in (512, 256, 128) if padded % t == 0)
+    heads = kv_heads * groups
+    padded, tile = splash_tiles(length)
     # Splash takes no scale: the queries come scaled. [B, N, T, H] and [B, K, T, H]; query
     # head k * G + g meets kv head (k * G + g) // G = k, the model's grouping.
     q = (q.astype(jnp.float32) * head_dim ** -0.5).astype(q.dtype).reshape(
@@ -289,6 +285,14 @@ def _splash(q, k, v, segment_ids, *, interpret: bool):
         out = jax.vmap(kernel)(q, k, v, splash.SegmentIds(segments, segments))
     out = out.transpose(0, 2, 1, 3)[:, :length]
     return out.reshape(batch, length, kv_heads, groups, head_dim)
+
+
+def splash_tiles(length: int) -> tuple[int, int]:
+    """(padded length, tile) of splash's block plan for rows of `length` tokens: rows padded
+    to a multiple of 128, square tiles of 512, 256 or 128 (the largest that divides it).
+    The planner counts the kernel's cost from the same plan (asyncrl/plan/kernel_cost.py)."""
+    padded = -(-length // 128) * 128
+    return padded, next(t for t in (512, 256, 128) if padded % t == 0)
 
 
 def _flash_gpu(q, k, v, segment_ids, *, interpret: bool):

@@ -227,9 +227,10 @@ _UNROLL_LAYERS = contextvars.ContextVar("unroll_layers", default=False)
 def unrolled_layers():
     """While active, `Decoder.hidden` traces its layer scan fully unrolled.
 
-    For cost analysis only (asyncrl/plan/tpu_compile.py): XLA's cost analysis counts a while
-    loop's body once whatever its trip count, so a scanned model reads as one layer's bytes
-    and flops. Unrolled, every layer is its own code and is counted. Off by default because
+    The reference of tests/test_plan.py for asyncrl/plan/hlo_cost.py's loop counting: XLA's
+    cost analysis counts a while loop's body once whatever its trip count, so a scanned
+    model reads as one layer's bytes and flops; unrolled, every layer is its own code and is
+    counted. Nothing else uses it. Off by default because
     compile time then grows with depth. It is read at trace time and jit's cache does not know
     of it: a function traced before keeps its loop, so trace a fresh one inside the block.
     """
@@ -253,15 +254,14 @@ class Decoder(nnx.Module):
             # [V, D] like the embedding, so tied and untied share one unembed einsum.
             self.lm_head = _param(rngs, (c.vocab_size, c.hidden_dim), ("vocab", "embed"), dt)
 
-    def __call__(self, tokens, positions, cache=None, logits_at=None, segment_ids=None):
+    def __call__(self, tokens, positions, cache=None, logits_at=None):
         """tokens, positions [B, T] int32; cache None, a KVCache or a PagedKVCache;
-        logits_at None or [B] int32, the one index along T per row whose logits are wanted;
-        segment_ids as in `hidden`.
+        logits_at None or [B] int32, the one index along T per row whose logits are wanted.
 
         Returns logits [B, T, V] float32 ([B, 1, V] with logits_at) and the updated cache
         (None without a cache).
         """
-        x, cache = self.hidden(tokens, positions, cache, segment_ids=segment_ids)
+        x, cache = self.hidden(tokens, positions, cache)
         if logits_at is not None:
             # A prefill needs the last prompt token's logits only; unembedding every padded
             # position would cost T x V x D, a fifth of a prefill's arithmetic at SmolLM2's

@@ -105,11 +105,18 @@ def splash_attention(*, rows: int, length: int, num_q_heads: int, num_kv_heads: 
                 Q and dO tiles per pair; the dQ kernel recomputes QK^T and takes dP, dQ
                 (6 t^2 H), copying the K and V tiles per pair; each writes its gradients
                 once per tile.
-    `forward_passes`: 2 under full remat (the backward pass recomputes the forward's).
-    Grouped-query heads read their kv head's tiles: counted per query head, as the kernel
-    copies them."""
-    padded = -(-length // 128) * 128
-    tile = next(t for t in (512, 256, 128) if padded % t == 0)
+    `forward_passes`: 2 under any remat (a Pallas call's output is never saved, so the
+    backward pass runs the forward again).
+    Not counted, so the bytes are a lower bound: the mask's q_sequence and the segment-id
+    tiles each kernel loads, the logsumexp the forward writes and the backward reads (with
+    di), all int32 / float32 lane-padded to 128; a review's recount from the kernels' block
+    mappings put the whole at 1.16-1.36x this count at head_dim 128 (7B, 4k-32k) and 2.2x at
+    head_dim 64. In the dK/dV kernel grouped-query heads move K, V, dK, dV once per kv head,
+    which this counts per query head (an overcount of those terms). The FLOPs match the
+    kernels'."""
+    from asyncrl.model.attention import splash_tiles
+
+    padded, tile = splash_tiles(length)
     n = padded // tile
     pairs = n * (n + 1) // 2
     words = tile * head_dim * itemsize  # one [t, H] tile

@@ -40,8 +40,9 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 
 def _rungs():
-    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and 1.5 times them, each rung at most
-    1.5 times the one below (so a bucket adds at most half its rows again as padding)."""
+    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and 1.5 times them, each rung from 3
+    on at most 1.5 times the one below (so a bucket adds at most half its rows again as
+    padding); 1 to 2 doubles: a batch just over one `multiple` of rows gets two."""
     for power in itertools.count():
         yield 2 ** power
         if power:
@@ -55,8 +56,8 @@ def bucket_rows(rows: int, multiple: int, trajectories: int) -> int:
     trajectory (rounded up), the most first-fit ever uses.
 
     The shapes a run can see are the rungs up to that cap: with N trajectories, at most
-    2·log2(N / multiple) + 2; in practice the two or three around the typical batch, whose
-    total length varies little from step to step.
+    2·ceil(log2(N / multiple)) + 2 (one when N <= multiple); in practice the two or three
+    around the typical batch, whose total length varies little from step to step.
     """
     units, most = -(-rows // multiple), -(-trajectories // multiple)
     rung = next(r for r in _rungs() if r >= units)

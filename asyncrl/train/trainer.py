@@ -384,9 +384,10 @@ _UNROLL_MICROBATCHES = contextvars.ContextVar("unroll_microbatches", default=Fal
 
 @contextlib.contextmanager
 def unrolled_microbatches():
-    """While active, the train step traces its micro-batch loop unrolled. For cost analysis
-    only (asyncrl/plan/compiled_cost.py), as `asyncrl.model.transformer.unrolled_layers`:
-    XLA counts a loop's body once whatever its trip count. Read at trace time."""
+    """While active, the train step traces its micro-batch loop unrolled, as
+    `asyncrl.model.transformer.unrolled_layers` does the layers: the reference against which
+    tests/test_plan.py checks that asyncrl/plan/hlo_cost.py counts every iteration of the
+    scanned step (XLA counts a loop's body once). Nothing else uses it. Read at trace time."""
     token = _UNROLL_MICROBATCHES.set(True)
     try:
         yield

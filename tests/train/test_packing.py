@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from asyncrl.model import attention as attention_lib
 from asyncrl.config import validate
 from asyncrl.config_args import ConfigError
 from asyncrl.config import with_overrides
@@ -150,13 +151,15 @@ def batch_baseline(monkeypatch):
     losses.ADVANTAGES.remove("batch_baseline")
 
 
-def _step(loss: LossConfig, group_size: int, tokens_per_row: int, params):
+def _step(loss: LossConfig, group_size: int, tokens_per_row: int, params,
+          attention: str = "dense"):
     """One step from `params` on 2 devices × 2 micro-batches: its metrics, and the update,
     which here is the gradient itself. lr = Adam's ε = A makes the first update
     A·g / (|g| + A) = g (1 - |g|/A), and no clipping or decay acts."""
     big = 1e6
     config = TrainConfig(loss=loss, learning_rate=big, adam_eps=big, max_grad_norm=1e9,
-                         weight_decay=0.0, num_microbatches=2, tokens_per_row=tokens_per_row)
+                         weight_decay=0.0, num_microbatches=2, tokens_per_row=tokens_per_row,
+                         attention=attention)
     trainer = Trainer.create(config, MODEL, trainer_mesh(jax.devices()[:2]), group_size)
     batch = trainer.host_batch(_groups(group_size), _v_traj(group_size), 3, MAX_LEN)
     state, metrics = trainer.step(trainer.init_state(params), trainer.put_batch(batch))
@@ -186,6 +189,22 @@ def test_packed_step_equals_the_padded_step(request, trainer, loss, group_size):
     scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(padded_grad))
     jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-4,
                                                               atol=1e-5 * scale),
+                 packed_grad, padded_grad)
+
+
+def test_a_packed_step_attending_blockwise_equals_the_padded_dense_step(trainer, monkeypatch):
+    """The blockwise path inside the real step, its rows of 24 cut in blocks of 7 (so the
+    online softmax rescales across blocks, and blocks straddle trajectories)."""
+    monkeypatch.setattr(attention_lib, "BLOCKWISE_BLOCK", 7)
+    loss = LossConfig(aggregation="token-mean", kl_coef=0.02, entropy_coef=0.001)
+    params = jax.device_get(trainer.init_state().params)
+    padded, padded_grad, _ = _step(loss, 8, 0, params)
+    packed, packed_grad, _ = _step(loss, 8, ROW, params, attention="blockwise")
+    for key, want in padded.items():
+        np.testing.assert_allclose(packed[key], want, rtol=2e-4, atol=1e-6, err_msg=key)
+    scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(padded_grad))
+    jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=1e-3,
+                                                              atol=1e-4 * scale),
                  packed_grad, padded_grad)
 
 
