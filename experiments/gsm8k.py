@@ -43,19 +43,20 @@ local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the m
    qwen2.5-7b / qwen3-8b (their model folders) with 16,384 / 32,768 new tokens, packed rows
    of prompt_bucket + max_new_tokens tokens (train.tokens_per_row: a row holds the longest
    trajectory, shorter ones share rows), train.attention 'auto' (splash on TPU, Pallas flash
-   on GPU: no [T, T] scores), full remat, 8 micro-batches, 64 slots of 16-token pages and
-   16 decode steps a dispatch. Their plans (python -m asyncrl.plan
+   on GPU: no [T, T] scores), full remat, 8 micro-batches, 16-token pages, 48 / 8 slots (what
+   the pages hold at the length model's mean, in whole groups) and 16 decode steps a
+   dispatch. Their plans (2026-12-07, commit 937bae5, at 64 slots then; python -m asyncrl.plan
    --config=experiments/gsm8k.py:qwen2.5-7b-16k --trainer=v5p-16 --rollout=v6e-8; the same
    for qwen3-8b-32k), each decided by compiling the packed step for the v5p chips here:
      qwen2.5-7b-16k  fits: the train step 37.8 GB per v5p chip of 102 (64 packed rows of
                      16,896 tokens, 17% padding, one row per chip at once), an instance
                      28.5 GB per v6e chip of 34.4 (12,288 pages: 11 whole sequences, 55 at
-                     the length model's mean); predicted step 62 s [44-187]; the swap
+                     the length model's mean); predicted step 62 s [44-187], uncalibrated; the swap
                      (train on v6e-8) does not fit: a row beside the state needs v6e-16.
      qwen3-8b-32k    fits: the train step 51.0 GB per v5p chip (64 rows of 33,280 tokens,
                      18% padding, one row per chip), an instance 33.2 GB per v6e chip
                      (4,096 pages: one whole sequence, 9 at the mean); predicted step
-                     147 s [103-440]; no v6e slice trains it (one row's activations and
+                     147 s [103-440], uncalibrated; no v6e slice trains it (one row's activations and
                      temporaries alone are 31 GB of its 34.4).
    The row counts are of one batch drawn from the planner's length model (responses
    lognormal about max_new_tokens / 8, sigma 1); a run's vary among a few bucketed values.
@@ -77,9 +78,10 @@ VARIANTS = {
     "qwen3-8b": dict(preset="qwen3_8b", pages=4096),  # 144 KiB
     # Long responses, the regime of reasoning RL (module docstring, "Long responses"): the
     # same weights as qwen2.5-7b / qwen3-8b, their folders.
-    "qwen2.5-7b-16k": dict(preset="qwen2_5_7b", pages=12288, new_tokens=16384,
+    "qwen2.5-7b-16k": dict(preset="qwen2_5_7b", pages=12288, new_tokens=16384, slots=48,
                            folder="qwen2.5-7b"),
-    "qwen3-8b-32k": dict(preset="qwen3_8b", pages=4096, new_tokens=32768, folder="qwen3-8b"),
+    "qwen3-8b-32k": dict(preset="qwen3_8b", pages=4096, new_tokens=32768, slots=8,
+                         folder="qwen3-8b"),
 }
 
 
@@ -137,7 +139,7 @@ def get_config(arg: str | None = None):
     return c
 
 
-def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048) -> None:
+def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048, slots: int = 128) -> None:
     """A 1.5-8B model: the shape named (the checkpoint folder's config.json wins when it is
     there), paged KV for `new_tokens`-token responses, the trainer sharded (FSDP over its
     chips) with full remat and 8 micro-batches. Past 2,048 new tokens (the long presets),
@@ -151,11 +153,12 @@ def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048) -> None:
     c.eval.max_new_tokens = new_tokens
     if new_tokens > 2048:
         # Responses of up to new_tokens run for minutes: a dispatch of 16 decode steps
-        # halves the host's share of each, and the slots are what the KV pages hold at
-        # the length model's mean trajectory (asyncrl.plan prints it), not more.
+        # halves the host's share of each, and the slots are about what the KV pages hold
+        # at the length model's mean trajectory (asyncrl.plan prints it: 55 at 16k, 9 at
+        # 32k), in whole groups, so preemption handles the tail, not the typical row.
         c.rollout.decode_steps_per_dispatch = 16
-        c.rollout.num_slots = 64
+        c.rollout.num_slots = slots
         # A row holds the longest trajectory; the rest are packed beside each other
-        # (asyncrl/train/packing.py), and the step never holds a row's T x T scores.
+        # (asyncrl/train/packing.py), and with attention 'auto' (grpo.py's) the step never
+        # holds a row's T x T scores.
         c.train.tokens_per_row = c.rollout.prompt_bucket + new_tokens
-        c.train.attention = "auto"

@@ -297,7 +297,9 @@ def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int,
         rows=layout.rows / chips, length=layout.width, num_q_heads=model.num_heads,
         num_kv_heads=model.num_kv_heads, head_dim=model.head_dim,
         itemsize=jnp.dtype(model.param_dtype).itemsize,
-        forward_passes=2 if spec.train.remat == "full" else 1) * model.num_layers
+        # A Pallas call's output is never saved for the backward pass: any remat policy runs
+        # the kernel's forward again there.
+        forward_passes=1 if spec.train.remat == "none" else 2) * model.num_layers
     return {**cost, "flops": cost["flops"] + kernel.flops,
             "bytes_accessed": cost["bytes_accessed"] + kernel.bytes_accessed}
 
@@ -567,4 +569,4 @@ def scaled_trainer(part: Part, chips: int) -> Part:
     pieces = {k: v * ratio for k, v in part.pieces.items()}
     costs = {name: {k: v * ratio for k, v in cost.items()} for name, cost in part.costs.items()}
     return Part(part.accelerator.with_chips(chips), part.hbm_bytes_per_device * ratio, pieces,
-                costs)
+                costs, part.layout)

@@ -106,6 +106,7 @@ class Measurement:
 
     program: str  # "train" | "decode"
     chip: str  # an accelerators.CHIPS key
+    chips: int  # how many of them the measured step ran on (FSDP's collectives are in it)
     param_dtype: str
     paged: bool
     work: tuple[float, ...]  # decode: weight + live KV bytes a step; train: model FLOPs
@@ -117,25 +118,28 @@ class Measurement:
 
 
 REGIME = 2.0  # how far from the measured work a measurement still backs a prediction
-# Beyond the measured points' spread: the distance to the measured work, up to REGIME.
+# A calibrated band: the measured points' spread, widened by this constant factor each way,
+# the same at any distance (up to REGIME) from the measured work.
 CALIBRATED_SPREAD = 1.25
 MEASUREMENTS = (
     # SmolLM2-135M, float32, contiguous cache: 16 slots, 581 MB a step, 2.95 ms; 128 slots,
     # 883 MB, 5.09 ms (benchmarks/device_kernels.py; the host sync of every step included).
-    Measurement("decode", "H200", "float32", False, (581e6, 883e6), (2.95e-3, 5.09e-3),
+    Measurement("decode", "H200", 1, "float32", False, (581e6, 883e6), (2.95e-3, 5.09e-3),
                 f"decode steps {_H200}"),
     # The default train step: 8 x 4 x 128 tokens, full remat, 2 micro-batches; model FLOPs
     # 6 N tokens + 12 L H Q T tokens = 3.42 TFLOP in 0.0607 s on device.
-    Measurement("train", "H200", "float32", False, (3.42e12,), (0.0607,),
+    Measurement("train", "H200", 1, "float32", False, (3.42e12,), (0.0607,),
                 f"the default train step {_H200}"),
 )
 
 
-def backing_measurement(program: str, accelerator, model, *, paged: bool, work: float):
-    """The measurement that backs a prediction of `program` on `accelerator` for `model`
-    with this much work (Measurement.work's measure), or None."""
+def backing_measurement(program: str, accelerator, model, *, paged: bool, work: float,
+                        chips: int):
+    """The measurement that backs a prediction of `program` on `chips` chips of
+    `accelerator`'s kind for `model` with this much work (Measurement.work's measure), or
+    None."""
     for m in MEASUREMENTS:
-        if (m.program == program and m.chip == accelerator.generation
+        if (m.program == program and m.chip == accelerator.generation and m.chips == chips
                 and m.param_dtype == model.param_dtype and m.paged == paged
                 and min(m.work) / REGIME <= work <= max(m.work) * REGIME):
             return m
@@ -207,8 +211,12 @@ def train_step(spec, model, trainer, count: float) -> Band:
     overhead = OVERHEADS["train_step"]
     work = model_flops(spec, model, count) / accelerator.chips
     measured = backing_measurement("train", accelerator, model, paged=False,
-                                   work=work * accelerator.chips)
-    if measured is not None and spec.train.remat == "full":  # the measured step's remat
+                                   work=work * accelerator.chips, chips=accelerator.chips)
+    # The measured step: full remat, dense attention (before issue 45), unpacked rows. Another
+    # attention or packing is another program: the measurement does not speak for it.
+    same_program = (spec.train.remat == "full" and spec.train.attention == "dense"
+                    and not spec.train.tokens_per_row)
+    if measured is not None and same_program:  # the measured step's remat
         return _calibrated(measured, chip.bf16_flops_per_s, work, overhead)
     cost = trainer.costs["train_step"]
     return roofline(accelerator.kind, "train", chip, cost["flops"],
@@ -227,7 +235,8 @@ def decode_step(spec, model, rollout, kernel: bool, engine, kv_lens: list[int],
                             for k in ("value", "low", "high")), dispatch.source)
     live = weights + sum(kv_lens) * kv_bytes_per_token(model, engine.cache_dtype)
     paged = engine.page_size is not None
-    measured = backing_measurement("decode", accelerator, model, paged=paged, work=live)
+    measured = backing_measurement("decode", accelerator, model, paged=paged, work=live,
+                                   chips=spec.mesh.devices_per_instance)
     if measured is not None:
         band = _calibrated(measured, chip.hbm_bytes_per_s, live,
                            Assumption(0.0, 0.0, 0.0, "in the measurement"))

@@ -64,11 +64,13 @@ def predictions(spec, model, assignment: Assignment, trainer: Part,
         sync_bandwidth=bandwidth, latency=latency)
 
 
-def profile_for(spec, model, predicted: predict.Predictions, rollout: Part,
+def profile_for(spec, model, predicted: predict.Predictions, trainer: Part, rollout: Part,
                 trainer_chips: int, instances: int) -> dict:
-    """A simulator profile (asyncrl/sim/profile.py) from the predictions' values."""
-    tokens = (spec.train.batch_size * spec.rollout.group_size
-              * (spec.rollout.prompt_bucket + spec.rollout.max_new_tokens))
+    """A simulator profile (asyncrl/sim/profile.py) from the predictions' values. The
+    simulator charges the trainer per token of the trajectories it trains, so the predicted
+    step is spread over the trajectories' tokens of the layout it was compiled for, not
+    over the rows' (padding included)."""
+    tokens = trainer.layout.useful
     overhead = predict.OVERHEADS["train_step"].value
     return {
         "name": "planned", "model": f"{param_count(model):.4g} parameters",
@@ -152,7 +154,8 @@ def recommend(spec, model, assignments: list[Assignment], etas, response_median:
                 continue
             instances = r_chips // per_instance
             predicted = predictions(spec, model, assignment, trainer, kv_lens)
-            profile = profile_for(spec, model, predicted, assignment.rollout, t_chips, instances)
+            profile = profile_for(spec, model, predicted, trainer, assignment.rollout, t_chips,
+                                  instances)
             sync = simulate(spec, profile, instances, t_chips, 0, "sync", response_median)
             for eta in etas:
                 stale = simulate(spec, profile, instances, t_chips, eta, "staleflow",
