@@ -12,7 +12,8 @@
      before  train.attention = 'dense', train.tokens_per_row = 0: a trajectory per row
              padded to prompt + cap, every layer's [T, T] scores in float32;
      after   train.attention = 'auto' (splash on a TPU), tokens_per_row = prompt + cap: the
-             batch packed first-fit decreasing, its row count bucketed.
+             batch packed first-fit decreasing, its row count bucketed to the chips, one
+             row per chip per micro-batch.
    HBM per chip is XLA's memory analysis plus the policy copy (as the planner counts it); a
    step the TPU compiler refuses for want of HBM reports the bytes it asked for, `refused`.
    FLOPs are the compiled step's with every loop counted (layers, micro-batches) and splash
@@ -27,8 +28,11 @@
 3. On this CPU: a tiny model's train step on a long-tailed batch, packed against padded,
    tokens/s of useful tokens after a warm-up, both in this run (goal: packed >= 1.5x today's).
 
+   Also over 20 draws (seeds 0-19), host only (`--padding_only` prints just these):
+   `padding_over_draws` {cap: mean, low, high, packing_only_mean, rows_seen}.
+
 The last line is JSON: padding_fraction, padding_fraction_before (at the 16k cap, or the
-largest asked for), padding_by_cap, hbm_per_chip_gib ({cap: {"before": GiB, "after": GiB}}),
+largest asked for), padding_by_cap, padding_over_draws, hbm_per_chip_gib ({cap: {"before": GiB, "after": GiB}}),
 refused, flops_per_useful_token_vs_6n, compile_s, cpu_tok_s, cpu_packed_vs_padded.
 """
 
@@ -71,6 +75,8 @@ def parse_args():
     parser.add_argument("--cpu_cap", type=int, default=512,
                         help="CPU part: response cap (the median is cap / 8, sigma 1)")
     parser.add_argument("--repeats", type=int, default=3, help="CPU part: timed steps")
+    parser.add_argument("--padding_only", action="store_true",
+                        help="only the padding over 20 draws of the length model (seconds)")
     return parser.parse_args()
 
 
@@ -84,6 +90,8 @@ def spec_at(args, cap: int, packed: bool, trainer):
     overrides = {"rollout.max_new_tokens": cap, "eval.max_new_tokens": cap,
                  "train.attention": "auto" if packed else "dense",
                  "train.tokens_per_row": max_len if packed else 0,
+                 # Packed rows run one row per chip per micro-batch, as many as the rows.
+                 "train.num_microbatches": 1 if packed else c.train.num_microbatches,
                  "mesh.colocate": False, "mesh.trainer_devices": trainer.chips,
                  "mesh.rollout_instances": 1, "mesh.devices_per_instance": 1}
     if c.rollout.page_size:  # the engine must hold one whole sequence (not compiled here)
@@ -189,9 +197,50 @@ def cpu_steps(args) -> dict:
             "cpu_packed_vs_padded_same_attention": round(rates["packed"] / rates["padded"], 2)}
 
 
+def padding_over_draws(args, draws: int = 20) -> dict:
+    """Packed padding at each cap over `draws` batches of the length model (seeds 0 to
+    draws - 1), packed and bucketed as the trainer does for the trainer's chips: mean, low,
+    high, the packer's own share, and the row counts (compiled shapes) seen. Host only."""
+    from asyncrl.plan import accelerators
+    from asyncrl.plan.parts import length_model
+    from asyncrl.sim.workload import build_lengths
+    from asyncrl.train.packing import bucket_rows, first_fit_decreasing
+
+    trainer = accelerators.parse(args.trainer)
+    out = {}
+    for cap in args.caps:
+        spec = spec_at(args, cap, True, trainer)
+        prompts, responses = (build_lengths(d) for d in length_model(spec))
+        entries, group = spec.train.batch_size, spec.rollout.group_size
+        width, padding, packing, rows_seen = spec.train.tokens_per_row, [], [], set()
+        for seed in range(draws):
+            rng = np.random.default_rng(seed)
+            lengths = (np.repeat(prompts.sample(rng, entries), group)
+                       + responses.sample(rng, entries * group))
+            packed = len(first_fit_decreasing(lengths, width))
+            rows = bucket_rows(packed, trainer.chips, len(lengths))
+            padding.append(1 - lengths.sum() / (rows * width))
+            packing.append(1 - lengths.sum() / (packed * width))
+            rows_seen.add(rows)
+        out[str(cap)] = {"mean": round(float(np.mean(padding)), 4),
+                         "low": round(float(min(padding)), 4),
+                         "high": round(float(max(padding)), 4),
+                         "packing_only_mean": round(float(np.mean(packing)), 4),
+                         "rows_seen": sorted(rows_seen)}
+        print(f"cap {cap:>6} padding over {draws} draws: mean {np.mean(padding):.1%} "
+              f"({min(padding):.1%}-{max(padding):.1%}), packing alone "
+              f"{np.mean(packing):.1%}, rows {sorted(rows_seen)}", flush=True)
+    return out
+
+
 def main():
     args = parse_args()
+    over_draws = padding_over_draws(args)
+    if args.padding_only:
+        print(json.dumps({"padding_over_draws": over_draws}))
+        return
     figures = compiled_steps(args)
+    figures["padding_over_draws"] = over_draws
     headline = str(PREFERRED_CAP if PREFERRED_CAP in args.caps else max(args.caps))
     figures["padding_fraction"] = figures["padding_by_cap"][headline]["after"]
     figures["padding_fraction_before"] = figures["padding_by_cap"][headline]["before"]

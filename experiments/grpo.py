@@ -138,7 +138,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train.attention = "auto"
     # 0: one trajectory per row, padded to rollout.max_len. N > 0 packs the batch's
     # trajectories into rows of N tokens (N ≥ rollout.prompt_bucket + rollout.max_new_tokens),
-    # so the step computes less padding; 0 here because the default run's accuracy and
+    # so the step computes less padding, one packed row per device per micro-batch (set
+    # num_microbatches = 1 with it); 0 here because the default run's accuracy and
     # staleness have not been measured packed.
     c.train.tokens_per_row = 0
     c.train.advantage = "grpo"

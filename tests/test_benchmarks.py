@@ -60,6 +60,8 @@ def test_long_context_benchmark():
     assert min(result["hbm_per_chip_gib"]["64"].values()) > 0
     # Packed rows compute less padding than a trajectory per row, and only what they hold.
     assert 0 <= result["padding_fraction"] < result["padding_fraction_before"] < 1
+    over = result["padding_over_draws"]["64"]
+    assert 0 <= over["low"] <= over["mean"] <= over["high"] < 1 and over["rows_seen"]
     assert result["cpu_rows"]["packed"][0] < result["cpu_rows"]["padded"][0]
     assert result["cpu_packed_vs_padded"] == round(
         result["cpu_tok_s"]["packed"] / result["cpu_tok_s"]["padded_dense"], 2)

@@ -40,23 +40,23 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 
 def _rungs():
-    """1, 2, 3, 4, 6, 8, 12, 16, 24, ...: powers of two and 1.5 times them, each rung from 3
-    on at most 1.5 times the one below (so a bucket adds at most half its rows again as
-    padding); 1 to 2 doubles: a batch just over one `multiple` of rows gets two."""
-    for power in itertools.count():
-        yield 2 ** power
-        if power:
-            yield 3 * 2 ** (power - 1)
+    """1, 2, ..., 8, then eight rungs per doubling (9, 10, ..., 16, 18, 20, ..., 32, 36, ...):
+    each rung at most 9/8 of the one below, so a bucket adds at most an eighth of its rows
+    again as padding, and a run whose batches vary by a tenth in length sees two or three."""
+    yield from range(1, 8)
+    for power in itertools.count(3):
+        step = 2 ** (power - 3)
+        yield from range(2 ** power, 2 ** (power + 1), step)
 
 
 def bucket_rows(rows: int, multiple: int, trajectories: int) -> int:
     """The row count a step is compiled for: `rows` rounded up to a multiple of `multiple`
-    (trainer devices × micro-batches, so each micro-batch splits evenly over the devices),
-    then up to the next rung of multiple × (1, 2, 3, 4, 6, 8, 12, ...), capped at one row per
+    (the trainer's devices: each micro-batch is one packed row per device), then up to the
+    next rung of multiple × (1, 2, ..., 8, 9, 10, ..., 16, 18, ...), capped at one row per
     trajectory (rounded up), the most first-fit ever uses.
 
     The shapes a run can see are the rungs up to that cap: with N trajectories, at most
-    2·ceil(log2(N / multiple)) + 2 (one when N <= multiple); in practice the two or three
+    8·ceil(log2(N / multiple)) (one when N <= multiple); in practice the two or three
     around the typical batch, whose total length varies little from step to step.
     """
     units, most = -(-rows // multiple), -(-trajectories // multiple)

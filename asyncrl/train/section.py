@@ -46,6 +46,11 @@ class TrainSection(Section):
             int_at_least(f"train.{field}", getattr(self, field), minimum)
         for field in ("learning_rate", "max_grad_norm", "batch_timeout_s"):
             positive(f"train.{field}", getattr(self, field))
+        if self.tokens_per_row and self.num_microbatches != 1:
+            fail("train.num_microbatches", self.num_microbatches,
+                 f"1 with packed rows (train.tokens_per_row = {self.tokens_per_row}): a "
+                 f"micro-batch is then one packed row per trainer device, and a step runs as "
+                 f"many as its rows need")
         registered("train.remat", self.remat, REMAT_POLICIES)
         if self.attention not in ATTENTION_IMPLS:
             fail("train.attention", self.attention, f"one of {', '.join(ATTENTION_IMPLS)}")

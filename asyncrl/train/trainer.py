@@ -67,7 +67,9 @@ class TrainConfig:
     b2: float = 0.999
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
-    num_microbatches: int = 1  # M: gradient accumulation, so B does not set the memory
+    # M: gradient accumulation, so B does not set the memory. Rows of one trajectory only:
+    # packed rows run one row per device per micro-batch, as many as the batch's rows.
+    num_microbatches: int = 1
     remat: str = "none"  # REMAT_POLICIES: what each layer keeps for the backward pass
     # 0: one trajectory per row, right-padded; else rows of this many tokens, each packed with
     # several trajectories (asyncrl/train/packing.py), their count bucketed.
@@ -88,6 +90,11 @@ class TrainConfig:
             value = getattr(self, name)
             if value < (0 if name in ("warmup_steps", "tokens_per_row") else 1):
                 raise ValueError(f"TrainConfig.{name} out of range; received {value}")
+        if self.tokens_per_row and self.num_microbatches != 1:
+            raise ValueError(
+                f"TrainConfig.num_microbatches = {self.num_microbatches} with tokens_per_row = "
+                f"{self.tokens_per_row}: packed rows take one row per device per micro-batch, "
+                f"as many micro-batches as the batch's rows; leave it at 1")
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"warmup_steps ({self.warmup_steps}) exceeds total_steps ({self.total_steps})"
@@ -161,7 +168,7 @@ class TrainBatch:
         """Consumed groups of trajectory records (prompt, tokens, logprobs, versions, reward)
         as host arrays: B·G rows right-padded to max_len; with tokens_per_row, packed first-fit
         decreasing into rows of that many tokens, as many rows as `packing.bucket_rows` says
-        for `row_multiple` (the trainer's devices × micro-batches)."""
+        for `row_multiple` (the trainer's devices)."""
         records = [r for g in groups for r in g]
         n, width = len(records), tokens_per_row or max_len
         if tokens_per_row:
@@ -337,11 +344,10 @@ class Trainer:
 
     def host_batch(self, groups, v_traj, version: int, max_len: int) -> TrainBatch:
         """Consumed groups as host arrays in the layout the step is compiled for
-        (`TrainBatch.from_groups`): packed into rows of config.tokens_per_row when set, as
-        many rows as split evenly over the devices and micro-batches."""
+        (`TrainBatch.from_groups`): packed into rows of config.tokens_per_row when set, a
+        bucketed multiple of the devices (a micro-batch is one row per device)."""
         return TrainBatch.from_groups(groups, v_traj, version, max_len, self.group_size,
-                                      self.config.tokens_per_row,
-                                      self.mesh.size * self.config.num_microbatches)
+                                      self.config.tokens_per_row, self.mesh.size)
 
     def put_batch(self, batch: TrainBatch) -> TrainBatch:
         """Host arrays → the trainer mesh, rows split over 'fsdp' (an intended transfer)."""
@@ -397,9 +403,9 @@ def unrolled_microbatches():
 
 def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compute):
     loss_cfg = config.loss
-    m = config.num_microbatches
+    m = config.num_microbatches  # rows of one trajectory; packed rows count their own
 
-    def microbatches(x):
+    def microbatches(x, m):
         """[B, ...] → [M, B/M, ...] with micro-batch k = rows k, k+M, ...
 
         Strided, not contiguous: each device holds a contiguous block of rows, so every
@@ -451,7 +457,11 @@ def _make_step_fn(config: TrainConfig, graphdef, tx, mesh: Mesh, param_sh, compu
         agg_w = losses.aggregation_weights(mask, loss_cfg.aggregation, sequences)
         per_row = (batch.tokens, batch.positions, mask, batch.behaviour_logp, adv, agg_w,
                    batch.segment_ids)
-        xs = jax.tree.map(microbatches, per_row)  # (segment_ids None: no packing, left out)
+        # Packed rows: one row per device at once, whatever the batch's row count (bucketed
+        # by the host), so a longer batch runs more micro-batches, never more rows per chip
+        # than the planner checked.
+        count = m if batch.segment_ids is None else batch.tokens.shape[0] // mesh.size
+        xs = jax.tree.map(lambda x: microbatches(x, count), per_row)  # (None: left out)
 
         def accumulate(carry, mb):
             grads, loss, sums = carry

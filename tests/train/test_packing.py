@@ -100,9 +100,10 @@ def test_row_counts_are_bucketed_to_few_shapes_that_split_evenly(multiple):
     assert all(rows <= b <= -(-trajectories // multiple) * multiple
                for rows, b in enumerate(buckets, 1))
     assert buckets == sorted(buckets)
-    # Each bucket at most 1.5 times the rows it holds, once past the first rungs.
-    assert all(b <= max(1.5 * rows, 2 * multiple) + multiple for rows, b in enumerate(buckets, 1))
-    assert len(set(buckets)) <= 2 * np.log2(trajectories / multiple) + 2
+    # Each bucket at most 9/8 of the rows it holds, once rounded to the multiple.
+    assert all(b <= 9 / 8 * (-(-rows // multiple) * multiple)
+               for rows, b in enumerate(buckets, 1))
+    assert len(set(buckets)) <= max(8 * np.log2(trajectories / multiple), 1)
 
 
 # ------------------------------------------------------------------------------- the layout
@@ -139,6 +140,25 @@ def test_packed_rows_hold_each_trajectory_once_with_its_own_positions():
     assert batch.v_traj.shape == (len(records),) and int(batch.padded_len) == MAX_LEN
 
 
+def test_a_batch_of_more_packed_rows_runs_more_micro_batches_not_more_rows_at_once():
+    """A micro-batch of packed rows is one row per device, however many rows the batch has:
+    a batch four times as long holds what the planner checked for one row at once."""
+    config = TrainConfig(tokens_per_row=ROW, remat="full")
+    trainer = Trainer.create(config, MODEL, trainer_mesh(jax.devices()[:2]), 8)
+    state = trainer.abstract_state()
+
+    def at_once(copies):
+        groups = [g for _ in range(copies) for g in _groups(8)]
+        batch = trainer.put_batch(trainer.host_batch(groups, _v_traj(8) * copies, 3, MAX_LEN))
+        memory = trainer.step.lower(state, batch).compile().memory_analysis()
+        return batch.tokens.shape[0], memory.temp_size_in_bytes
+
+    (rows, temp), (more_rows, more_temp) = at_once(1), at_once(4)
+    assert more_rows >= 4 * rows - 2  # 6 rows, then 24 (bucketed to the 2 devices)
+    # The batch's own arrays grow with the rows; what the step computes at once does not.
+    assert more_temp < 1.5 * temp
+
+
 # --------------------------------------------------------------- packed step = padded step
 
 
@@ -153,12 +173,14 @@ def batch_baseline(monkeypatch):
 
 def _step(loss: LossConfig, group_size: int, tokens_per_row: int, params,
           attention: str = "dense"):
-    """One step from `params` on 2 devices × 2 micro-batches: its metrics, and the update,
+    """One step from `params` on 2 devices × 2 micro-batches (packed: one row per device at
+    once, as many as the rows need): its metrics, and the update,
     which here is the gradient itself. lr = Adam's ε = A makes the first update
     A·g / (|g| + A) = g (1 - |g|/A), and no clipping or decay acts."""
     big = 1e6
     config = TrainConfig(loss=loss, learning_rate=big, adam_eps=big, max_grad_norm=1e9,
-                         weight_decay=0.0, num_microbatches=2, tokens_per_row=tokens_per_row,
+                         weight_decay=0.0, num_microbatches=1 if tokens_per_row else 2,
+                         tokens_per_row=tokens_per_row,
                          attention=attention)
     trainer = Trainer.create(config, MODEL, trainer_mesh(jax.devices()[:2]), group_size)
     batch = trainer.host_batch(_groups(group_size), _v_traj(group_size), 3, MAX_LEN)
@@ -242,8 +264,13 @@ def test_the_row_budget_is_checked_against_the_longest_trajectory():
                        r"\(one trajectory per row\) or at least rollout.prompt_bucket \+ "
                        r"rollout.max_new_tokens = 20"):
         validate(with_overrides(config, {"train.tokens_per_row": 19}), device_count=8)
-    # Packed rows are counted to split over devices and micro-batches, whatever N is.
-    odd = {"train.num_microbatches": 3, "train.tokens_per_row": 20}
-    assert validate(with_overrides(config, odd), device_count=8).train.tokens_per_row == 20
+    # Packed rows are bucketed to split over the devices, whatever N is; their micro-batches
+    # are one row per device, as many as the rows, so a count set beside them is refused.
+    packed = {"train.num_microbatches": 1, "train.tokens_per_row": 20}
+    assert validate(with_overrides(config, packed), device_count=8).train.tokens_per_row == 20
+    with pytest.raises(ConfigError, match=r"config.train.num_microbatches = 2 is not allowed: "
+                       r"1 with packed rows \(train.tokens_per_row = 20\)"):
+        validate(with_overrides(config, {**packed, "train.num_microbatches": 2}),
+                 device_count=8)
     with pytest.raises(ConfigError, match="config.train.num_microbatches = 3"):
         validate(with_overrides(config, {"train.num_microbatches": 3}), device_count=8)
