@@ -43,21 +43,21 @@ local files, on a GPU or TPU VM. Nothing is downloaded: bring the data and the m
    qwen2.5-7b / qwen3-8b (their model folders) with 16,384 / 32,768 new tokens, packed rows
    of prompt_bucket + max_new_tokens tokens (train.tokens_per_row: a row holds the longest
    trajectory, shorter ones share rows), train.attention 'auto' (splash on TPU, Pallas flash
-   on GPU: no [T, T] scores), full remat, 8 micro-batches, 16-token pages, 48 / 8 slots (what
+   on GPU: no [T, T] scores), full remat, one packed row per chip per micro-batch (as many
+   micro-batches as the batch's rows), 16-token pages, 48 / 8 slots (what
    the pages hold at the length model's mean, in whole groups) and 16 decode steps a
-   dispatch. Their plans (2026-12-07, commit 937bae5, at 64 slots then; python -m asyncrl.plan
+   dispatch. Their plans (2026-12-07, docs/results.md; python -m asyncrl.plan
    --config=experiments/gsm8k.py:qwen2.5-7b-16k --trainer=v5p-16 --rollout=v6e-8; the same
    for qwen3-8b-32k), each decided by compiling the packed step for the v5p chips here:
-     qwen2.5-7b-16k  fits: the train step 37.8 GB per v5p chip of 102 (64 packed rows of
-                     16,896 tokens, 17% padding, one row per chip at once), an instance
-                     28.5 GB per v6e chip of 34.4 (12,288 pages: 11 whole sequences, 55 at
-                     the length model's mean); predicted step 62 s [44-187], uncalibrated; the swap
-                     (train on v6e-8) does not fit: a row beside the state needs v6e-16.
-     qwen3-8b-32k    fits: the train step 51.0 GB per v5p chip (64 rows of 33,280 tokens,
-                     18% padding, one row per chip), an instance 33.2 GB per v6e chip
-                     (4,096 pages: one whole sequence, 9 at the mean); predicted step
-                     147 s [103-440], uncalibrated; no v6e slice trains it (one row's activations and
-                     temporaries alone are 31 GB of its 34.4).
+     qwen2.5-7b-16k  fits: the train step 37.8 GB per v5p chip of 102 (56 packed rows of
+                     16,896 tokens, 5% padding, 7 micro-batches of one row per chip), an
+                     instance 28.5 GB per v6e chip of 34.4 (12,288 pages, 48 slots);
+                     predicted step 55 s [38-164], uncalibrated; the swap (train on v6e-8)
+                     does not fit (36.5 GB per chip).
+     qwen3-8b-32k    fits: the train step 51.0 GB per v5p chip (56 rows of 33,280 tokens,
+                     7% padding), an instance 33.2 GB per v6e chip (4,096 pages, 8 slots);
+                     predicted step 128 s [90-386], uncalibrated; the swap does not fit (a
+                     row's activations and temporaries alone are 31 GB of a v6e's 34.4).
    The row counts are of one batch drawn from the planner's length model (responses
    lognormal about max_new_tokens / 8, sigma 1); a run's vary among a few bucketed values.
 """
@@ -143,7 +143,8 @@ def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048, slots: int =
     """A 1.5-8B model: the shape named (the checkpoint folder's config.json wins when it is
     there), paged KV for `new_tokens`-token responses, the trainer sharded (FSDP over its
     chips) with full remat and 8 micro-batches. Past 2,048 new tokens (the long presets),
-    packed rows that hold the longest trajectory, and longer decode dispatches."""
+    packed rows that hold the longest trajectory, one per chip per micro-batch, and longer
+    decode dispatches."""
     c.model.preset = preset
     c.rollout.max_new_tokens = new_tokens
     c.rollout.page_size = 16
@@ -160,5 +161,7 @@ def _real_shape(c, preset: str, pages: int, new_tokens: int = 2048, slots: int =
         c.rollout.num_slots = slots
         # A row holds the longest trajectory; the rest are packed beside each other
         # (asyncrl/train/packing.py), and with attention 'auto' (grpo.py's) the step never
-        # holds a row's T x T scores.
+        # holds a row's T x T scores. A micro-batch is one such row per trainer chip, as
+        # many as the batch's rows need (the count is the packer's, not the config's).
         c.train.tokens_per_row = c.rollout.prompt_bucket + new_tokens
+        c.train.num_microbatches = 1

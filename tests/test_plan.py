@@ -371,7 +371,7 @@ def test_the_planned_step_has_the_rows_the_trainer_packs():
     for chips in (8, 16):
         layout = step_layout(spec, chips, spec.train.num_microbatches)
         batch = TrainBatch.from_groups(groups, [0] * len(groups), 0, spec.rollout.max_len,
-                                       group, spec.train.tokens_per_row, chips * 8)
+                                       group, spec.train.tokens_per_row, chips)
         assert batch.tokens.shape == (layout.rows, layout.width)
         assert layout.padding_fraction == pytest.approx(1 - lengths.sum() / batch.tokens.size)
     padded = step_layout(_spec({"mesh.trainer_devices": 8, "train.tokens_per_row": 0}), 8, 8)
@@ -388,14 +388,12 @@ def test_micro_batches_are_tried_up_to_one_row_per_chip():
     # 24 rows a chip: 8 divides them, 16 does not; the next is one row each.
     odd = _spec({"mesh.trainer_devices": 8, "train.batch_size": 24}, "qwen2.5-7b")
     assert microbatch_counts(odd, 8) == [8, 24]
-    # Packed: any count splits (rows are bucketed to it); the last is one row per chip.
-    packed = _spec({"mesh.trainer_devices": 8, "train.num_microbatches": 1})
-    counts = microbatch_counts(packed, 8)
-    assert counts[:3] == [1, 2, 4] and counts == sorted(set(counts))
-    assert step_layout(packed, 8, counts[-1]).rows_per_chip(8) == 1
-    assert step_layout(packed, 8, counts[-2]).rows_per_chip(8) > 1
-    # The preset's 8 already computes one row per chip at once: nothing more to try.
-    assert microbatch_counts(_spec({"mesh.trainer_devices": 8}), 8) == [8]
+    # Packed: one row per chip at once, as many micro-batches as the batch's rows; nothing
+    # more to try.
+    packed = _spec({"mesh.trainer_devices": 8})
+    assert microbatch_counts(packed, 8) == [1]
+    layout = step_layout(packed, 8, 1)
+    assert layout.rows_per_chip(8) == 1 and layout.num_microbatches == layout.rows // 8
 
 
 def test_loops_are_counted_through_multi_line_attributes_and_by_their_step():
@@ -458,12 +456,38 @@ def test_the_planner_takes_more_micro_batches_when_the_configs_do_not_fit():
     spec = _long_rows(8192, **{"train.attention": "dense"})
     part, info = trainer_part(spec, ModelConfig.tiny(max_seq_len=8192),
                               accelerators.parse("v5e-1"))
-    (first, asked, refused), *_ = info["tried"]
-    assert (first, refused) == (1, True) and asked > part.capacity
+    (remat, first, asked, refused), *_ = info["tried"]
+    assert (remat, first, refused) == ("full", 1, True) and asked > part.capacity
     assert part.layout.num_microbatches > 1 and not info["refused"]
-    assert [m for m, _, _ in info["tried"]] == [1, 2, 4, 8][:len(info["tried"])]
+    assert [m for _, m, _, _ in info["tried"]] == [1, 2, 4, 8][:len(info["tried"])]
     assert part.hbm_bytes_per_device <= part.capacity
     check_fits(part, None, spec)  # fits: returns
+
+
+def test_remat_is_tried_from_the_configs_down_to_full():
+    from asyncrl.plan.parts import remat_choices
+
+    assert remat_choices(_long_rows(64, **{"train.remat": "none"})) == ["none", "dots", "full"]
+    assert remat_choices(_long_rows(64, **{"train.remat": "full"})) == ["full"]
+
+
+@needs_libtpu
+def test_the_planner_keeps_less_per_layer_when_no_micro_batch_count_fits(capsys):
+    """No remat: twelve layers' [T, T] scores of 8,192-token rows exceed a v5e chip at one
+    row at once too; 'dots' (the scores recomputed) fits, and the plan says to set it."""
+    from asyncrl.plan.parts import trainer_part
+    from asyncrl.plan.planner import _print_microbatches
+
+    spec = _long_rows(8192, **{"train.attention": "dense", "train.remat": "none",
+                               "train.batch_size": 1, "rollout.group_size": 2})
+    part, info = trainer_part(spec, ModelConfig.tiny(max_seq_len=8192, num_layers=12),
+                              accelerators.parse("v5e-1"))
+    assert [(remat, m) for remat, m, _, _ in info["tried"]] == [("none", 1), ("none", 2),
+                                                                ("dots", 1)]
+    assert all(refused for _, _, _, refused in info["tried"][:2])
+    assert part.layout.remat == "dots" and part.hbm_bytes_per_device <= part.capacity
+    _print_microbatches(spec, part, info["tried"])
+    assert "the plan is train.remat = 'dots' (set it)" in capsys.readouterr().out
 
 
 @needs_libtpu
@@ -478,13 +502,21 @@ def test_a_row_one_chip_cannot_hold_names_the_smallest_slice_that_holds_it():
                              num_kv_heads=4, head_dim=128, max_seq_len=2048,
                              param_dtype="bfloat16")
     one, info = trainer_part(spec, model, accelerators.parse("v5e-1"))
-    # Every count up to one row per chip was tried; a second micro-batch adds a float32
-    # gradient accumulator, so the one reported is the count that needed the least.
-    assert info["tried"][-1][0] == 2 and one.layout.rows_per_chip(1) > 1
-    assert one.hbm_bytes_per_device == min(needed for _, needed, _ in info["tried"])
-    with pytest.raises(DoesNotFit, match=r"row.? of 2,048 tokens per chip at once.* the "
-                                         r"smallest trainer slice that holds it is v5e-2 "
-                                         r"\(2 chips\)$"):
-        check_fits(one, None, spec)
+    # Packed rows: one row per chip at once is the only layout, and 'full' the least remat.
+    assert [t[:1] for t in info["tried"]] == [("full",)] and one.layout.rows_per_chip(1) == 1
+    tried = []
+
+    def holds(bigger):
+        tried.append(bigger.name)
+        part = trainer_part(spec, model, bigger)[0]
+        return part.hbm_bytes_per_device <= part.capacity
+
+    # Compiled, not scaled: the refused compile's figures on one chip (what the compiler
+    # asked for, 12 GB beside the state) would have named v5e-8.
+    with pytest.raises(DoesNotFit, match=r"packed rows, one per chip at once .* compiled "
+                                         r"there, the smallest trainer slice that holds it is "
+                                         r"v5e-2 \(2 chips\)$"):
+        check_fits(one, None, spec, holds)
+    assert tried == ["v5e-2"]
     two, _ = trainer_part(spec, model, accelerators.parse("v5e-2"))  # and it does
     check_fits(two, None, spec)

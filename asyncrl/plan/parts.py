@@ -123,13 +123,15 @@ def trajectory_lengths(spec, response_median: float = 0.0):
 @dataclasses.dataclass(frozen=True)
 class StepLayout:
     """The rows one train step computes: `rows` of `width` tokens in `num_microbatches`
-    micro-batches, `useful` of those tokens trajectories' (the rest padding)."""
+    micro-batches, `useful` of those tokens trajectories' (the rest padding), each layer
+    keeping what `remat` says for the backward pass."""
 
     rows: int
     width: int
     num_microbatches: int
     useful: int
     packed: bool
+    remat: str
 
     @property
     def padding_fraction(self) -> float:
@@ -143,41 +145,40 @@ class StepLayout:
         kind = "packed rows" if self.packed else "rows, a trajectory each,"
         return (f"{self.rows} {kind} of {self.width:,} tokens "
                 f"({self.padding_fraction:.0%} padding), train.num_microbatches = "
-                f"{self.num_microbatches}: {self.rows_per_chip(chips)} row(s) per chip at once")
+                f"{self.num_microbatches}: {self.rows_per_chip(chips)} row(s) per chip at once, "
+                f"train.remat = '{self.remat}'")
 
 
 def step_layout(spec, chips: int, num_microbatches: int,
                 response_median: float = 0.0) -> StepLayout:
     """The step's rows as the trainer lays out one batch drawn from the length model: one
-    trajectory per row padded to rollout.max_len, or (train.tokens_per_row) packed first-fit
-    decreasing and the row count bucketed as `Trainer.host_batch` does for `chips` devices."""
+    trajectory per row padded to rollout.max_len in `num_microbatches`, or
+    (train.tokens_per_row) packed first-fit decreasing, the row count bucketed as
+    `Trainer.host_batch` does for `chips` devices, one row per chip per micro-batch."""
     from asyncrl.train.packing import bucket_rows, first_fit_decreasing
 
     lengths = trajectory_lengths(spec, response_median)
     useful, budget = int(lengths.sum()), spec.train.tokens_per_row
     if not budget:
-        return StepLayout(len(lengths), spec.rollout.max_len, num_microbatches, useful, False)
+        return StepLayout(len(lengths), spec.rollout.max_len, num_microbatches, useful, False,
+                          spec.train.remat)
     packed = len(first_fit_decreasing(lengths, budget))
-    rows = bucket_rows(packed, chips * num_microbatches, len(lengths))
-    return StepLayout(rows, budget, num_microbatches, useful, True)
+    rows = bucket_rows(packed, chips, len(lengths))
+    return StepLayout(rows, budget, rows // chips, useful, True, spec.train.remat)
 
 
-def microbatch_counts(spec, chips: int, response_median: float = 0.0) -> list[int]:
+def microbatch_counts(spec, chips: int) -> list[int]:
     """The micro-batch counts to try, fewest first: the config's, then doublings of it, up to
-    one row per chip at once (the least a step can hold without splitting a row). Unpacked
-    rows split evenly or not at all: a chip's rows, when no further doubling divides them."""
-    from asyncrl.train.packing import first_fit_decreasing
-
-    lengths = trajectory_lengths(spec, response_median)
-    budget = spec.train.tokens_per_row
-    # A count past a chip's share of the rows before bucketing only adds empty rows.
-    most = (-(-len(first_fit_decreasing(lengths, budget)) // chips) if budget
-            else len(lengths) // chips)
+    one row per chip at once (the least a step can hold without splitting a row), where
+    rows split evenly or not at all: a chip's rows, when no further doubling divides them.
+    Packed rows have one count, the batch's (one row per chip at once)."""
+    if spec.train.tokens_per_row:
+        return [spec.train.num_microbatches]
+    most = spec.train.batch_size * spec.rollout.group_size // chips
     counts = [spec.train.num_microbatches]
     while counts[-1] < most:
         doubled = 2 * counts[-1]
-        counts.append(doubled if doubled < most and (budget or most % doubled == 0)
-                      else most)
+        counts.append(doubled if doubled < most and most % doubled == 0 else most)
     return counts
 
 
@@ -191,8 +192,9 @@ def _train_step_program(spec, model, devices, layout: StepLayout):
 
     mesh = trainer_mesh(devices)
     group = spec.rollout.group_size
-    config = dataclasses.replace(spec.train_config(),
-                                 num_microbatches=layout.num_microbatches)
+    config = spec.train_config()
+    if not layout.packed:  # packed rows count their own micro-batches
+        config = dataclasses.replace(config, num_microbatches=layout.num_microbatches)
     trainer = Trainer.create(config, model, mesh, group)
     rows, length = layout.rows, layout.width
     trajectories = spec.train.batch_size * group  # one per row unpacked
@@ -248,33 +250,54 @@ def train_step_part(spec, model, accelerator, layout: StepLayout,
     return Part(accelerator, total, pieces, costs, layout), step
 
 
+# Remat policies from the most a layer keeps to the least (asyncrl/model/remat.py).
+REMAT_BY_MEMORY = ("none", "dots", "full")
+
+
+def remat_choices(spec) -> list[str]:
+    """The config's remat policy, then each that keeps less, down to 'full' (one layer's
+    inputs): what the planner tries when a step does not fit."""
+    return list(REMAT_BY_MEMORY[REMAT_BY_MEMORY.index(spec.train.remat):])
+
+
 def trainer_part(spec, model, accelerator, response_median: float = 0.0) -> tuple[Part, dict]:
     """The train step compiled on all the trainer's chips (FSDP), and its memory analysis.
 
-    At the config's micro-batch count first; on an accelerator where that does not fit, at
-    more (`microbatch_counts`), up to one row per chip at once: the first that fits is the
-    plan, else the one that needed the least is what check_fits reports (more micro-batches
-    need not need less: past one, the step also holds a float32 gradient accumulator).
-    Remat is the config's. info: compile_s; refused: the TPU compiler refused the one
-    reported; tried: (micro-batches, bytes per chip, refused) of each compile."""
+    At the config's remat and micro-batch count first; on an accelerator where that does not
+    fit, at more micro-batches (`microbatch_counts`, up to one row per chip at once), then
+    the same at each remat that keeps less (`remat_choices`): the first that fits is the
+    plan (its layout says which), else the one that needed the least is what check_fits
+    reports (more micro-batches need not need less: past one, the step also holds a
+    float32 gradient accumulator). info: compile_s; refused: the TPU compiler refused the
+    one reported; tried: (remat, micro-batches, bytes per chip, refused) of each compile."""
     devices = _devices(accelerator, accelerator.chips)
     chips = accelerator.chips
     start, tried, best = time.perf_counter(), [], None
-    counts = ([spec.train.num_microbatches] if accelerator.kind == "cpu" else
-              microbatch_counts(spec, chips, response_median))  # a host has no HBM to fit
-    for m in counts:
-        layout = step_layout(spec, chips, m, response_median)
-        part, step = train_step_part(spec, model, accelerator, layout, devices)
-        tried.append((m, part.hbm_bytes_per_device, step is None))
-        if best is None or part.hbm_bytes_per_device < best[0].hbm_bytes_per_device:
-            best = part, step
-        if part.hbm_bytes_per_device <= part.capacity:
+    # A host has no HBM to fit: its step is the config's.
+    remats = [spec.train.remat] if accelerator.kind == "cpu" else remat_choices(spec)
+    for remat in remats:
+        planned = dataclasses.replace(spec, train=dataclasses.replace(spec.train, remat=remat))
+        counts = ([spec.train.num_microbatches] if accelerator.kind == "cpu" else
+                  microbatch_counts(planned, chips))
+        for m in counts:
+            layout = step_layout(planned, chips, m, response_median)
+            part, step = train_step_part(planned, model, accelerator, layout, devices)
+            tried.append((remat, layout.num_microbatches, part.hbm_bytes_per_device,
+                          step is None))
+            if best is None or part.hbm_bytes_per_device < best[0].hbm_bytes_per_device:
+                best = part, step
+            if part.hbm_bytes_per_device <= part.capacity:
+                break
+        if best[0].hbm_bytes_per_device <= best[0].capacity:
             break
     part, step = best
     layout = part.layout
     if step is not None and accelerator.kind == "gpu":
+        planned = dataclasses.replace(spec, train=dataclasses.replace(spec.train,
+                                                                      remat=layout.remat))
+
         def float32():
-            wide = _train_step_program(spec, model.replace(param_dtype="float32"), devices,
+            wide = _train_step_program(planned, model.replace(param_dtype="float32"), devices,
                                        layout)
             return _compiled(wide[0].step, wide[1:], devices, (0,))
         part.costs["train_step"] = _stand_in_cost(step, model, float32)
@@ -299,7 +322,7 @@ def _with_attention_kernel(cost: dict[str, float], spec, model, chips: int,
         itemsize=jnp.dtype(model.param_dtype).itemsize,
         # A Pallas call's output is never saved for the backward pass: any remat policy runs
         # the kernel's forward again there.
-        forward_passes=1 if spec.train.remat == "none" else 2) * model.num_layers
+        forward_passes=1 if layout.remat == "none" else 2) * model.num_layers
     return {**cost, "flops": cost["flops"] + kernel.flops,
             "bytes_accessed": cost["bytes_accessed"] + kernel.bytes_accessed}
 
@@ -470,8 +493,10 @@ def check_host_fits(host: Part) -> None:
            "evaluation_bytes": "use fewer rollout.num_slots or eval.samples"}[largest])
 
 
-def check_fits(trainer: Part | None, rollout: Part | None, spec) -> None:
-    """Raises DoesNotFit naming the part over a chip's HBM, by how much, and what to change."""
+def check_fits(trainer: Part | None, rollout: Part | None, spec, holds=None) -> None:
+    """Raises DoesNotFit naming the part over a chip's HBM, by how much, and what to change.
+    holds(accelerator) -> bool, where given, compiles the train step on a bigger slice: the
+    trainer's smallest slice is then found by compiling doublings, not by scaling."""
     for side, part in (("trainer", trainer), ("rollout", rollout)):
         if part is None or part.hbm_bytes_per_device <= part.capacity:
             continue
@@ -480,11 +505,11 @@ def check_fits(trainer: Part | None, rollout: Part | None, spec) -> None:
                 f"{part.accelerator.chip.name} chip ({part.accelerator.name}) against its "
                 f"{part.capacity / 1e9:.1f} GB of HBM, {over / 1e9:.1f} GB over")
         if side == "trainer":
-            _trainer_does_not_fit(part, head, spec)
+            _trainer_does_not_fit(part, head, spec, holds)
         _rollout_does_not_fit(part, head, spec.rollout)
 
 
-def _trainer_does_not_fit(part: Part, head: str, spec) -> None:
+def _trainer_does_not_fit(part: Part, head: str, spec, holds=None) -> None:
     p = part.pieces
     state = p["params_bytes"] + p["optimizer_bytes"] + p["policy_copy_bytes"]
     if state >= part.capacity:
@@ -495,43 +520,51 @@ def _trainer_does_not_fit(part: Part, head: str, spec) -> None:
             f"per chip (float32 master weights {p['params_bytes'] / 1e9:.1f} GB, Adam "
             f"moments {p['optimizer_bytes'] / 1e9:.1f} GB); FSDP splits them: use at "
             f"least {chips} trainer chips")
-    raise DoesNotFit(_rows_do_not_fit(part, head, spec))
+    raise DoesNotFit(_rows_do_not_fit(part, head, spec, holds))
 
 
-# Of a chip's HBM, what the smallest slice named for a row may plan to fill: its figure is the
-# compiled one scaled to more chips, not compiled there.
-ROW_SLICE_HEADROOM = 0.9
+# The most doublings of the trainer's slice compiled in search of one that holds a row.
+ROW_SLICE_DOUBLINGS = 4
 
 
-def _rows_do_not_fit(part: Part, head: str, spec) -> str:
+def _rows_do_not_fit(part: Part, head: str, spec, holds=None) -> str:
     """The message when no micro-batch count up to one row per chip fits (`part`: the one
     that needed the least, from trainer_part). A row must hold the longest trajectory, and
     more chips split the parameters, the optimizer state and the float32 gradient
-    (params-shaped, among the temporaries), never a row's activations: the smallest slice
-    is the power of two of chips that leaves the rest its room at this compile's figures."""
+    (params-shaped, among the temporaries), never a row's activations. The smallest slice
+    that holds it is found by compiling doublings of the slice (`holds`)."""
     p, layout, accelerator = part.pieces, part.layout, part.accelerator
     split = p["params_bytes"] * 2 + p["optimizer_bytes"] + p["policy_copy_bytes"]
     rest = max(part.hbm_bytes_per_device - split, 0.0)
-    room = ROW_SLICE_HEADROOM * part.capacity - rest
     rows = layout.rows_per_chip(accelerator.chips)
     shorter = ("" if layout.width <= spec.rollout.max_len else
                f", lower train.tokens_per_row to {spec.rollout.max_len:,}")
-    text = (f"{head}: of the micro-batch counts up to one row per chip at once, the least is "
-            f"train.num_microbatches = {layout.num_microbatches} ({rows} row{'s' * (rows > 1)} "
-            f"of {layout.width:,} tokens per chip at once, remat '{spec.train.remat}'): "
+    tried = (f"packed rows, one per chip at once ({layout.num_microbatches} micro-batches), "
+             f"remat '{layout.remat}'" if layout.packed else
+             f"of the micro-batch counts up to one row per chip at once, the least is "
+             f"train.num_microbatches = {layout.num_microbatches} ({rows} "
+             f"row{'s' * (rows > 1)} of {layout.width:,} tokens per chip at once, remat "
+             f"'{layout.remat}')")
+    text = (f"{head}: {tried}: "
             f"{rest / 1e9:.1f} GB of activations and temporaries beside {split / 1e9:.1f} GB of "
             f"parameters, optimizer state and gradients; a row must hold the longest "
             f"trajectory, rollout.prompt_bucket + rollout.max_new_tokens = "
             f"{spec.rollout.max_len:,} tokens, and FSDP splits the state, not a row")
-    remat = ("" if spec.train.remat == "full" else
-             f"set train.remat='full' (now '{spec.train.remat}'), or ")
-    if room <= 0:
-        return (f"{text}: {remat}no {accelerator.chip.name} slice holds it: shorten "
-                f"rollout.max_new_tokens{shorter} or use a chip with more HBM")
-    chips = 1 << math.ceil(math.log2(split * accelerator.chips / room))
-    bigger = accelerator.with_chips(max(chips, 2 * accelerator.chips))
-    return (f"{text}: {remat}by this compile's figures scaled to more chips, the smallest "
-            f"trainer slice that holds it is {bigger.name} ({bigger.chips} chips){shorter}")
+    remat = ("" if layout.remat == "full" else
+             f"set train.remat='full' (now '{layout.remat}'), or ")
+    if holds is not None:
+        # A refused compile's figures are what the compiler asked for, not a plan, and the
+        # layout changes with the chips (fewer micro-batches): compile, do not scale.
+        for doubling in range(1, ROW_SLICE_DOUBLINGS + 1):
+            bigger = accelerator.with_chips(accelerator.chips << doubling)
+            if holds(bigger):
+                return (f"{text}: {remat}compiled there, the smallest trainer slice that "
+                        f"holds it is {bigger.name} ({bigger.chips} chips){shorter}")
+        return (f"{text}: {remat}no {accelerator.chip.name} slice up to {bigger.name} holds "
+                f"it (compiled): shorten rollout.max_new_tokens{shorter} or use a chip with "
+                f"more HBM")
+    return (f"{text}: {remat}use more trainer chips{shorter} (how many is not searched: "
+            f"the planner compiles bigger slices only for the placement asked for)")
 
 
 def _rollout_does_not_fit(part: Part, head: str, rollout) -> None:

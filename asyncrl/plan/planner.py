@@ -14,11 +14,13 @@ buffer sizes match what a GPU allocates to within layouts and fusions, and the p
 The train step is compiled for the batch the run would build from one step's trajectories
 drawn from the planner's length model (below; a fixed seed): a trajectory per row padded to
 rollout.max_len, or with train.tokens_per_row the rows the packer fills, their count
-bucketed for the trainer's chips (asyncrl/plan/parts.py `step_layout`). Remat is the
-config's; where its micro-batch count does not fit, doublings of it are compiled up to one
-row per chip at once and the plan names the count that fits (set it in the config). Where
-none does, the `error:` line says so and names the smallest trainer slice whose chips would
-hold a row beside their share of the state (the compiled figures scaled, not compiled).
+bucketed for the trainer's chips, one row per chip per micro-batch (asyncrl/plan/parts.py
+`step_layout`). The config's remat and micro-batch count come first; where they do not fit,
+doublings of the count are compiled up to one row per chip at once, then the same with each
+remat policy that keeps less, down to 'full', and the plan names the remat and count that
+fit (set them in the config). Where none does, the `error:` line says so and names the
+smallest trainer slice whose chips would hold a row beside their share of the state (the
+compiled figures scaled, not compiled).
 
 Times are predicted from what those programs compute and move, XLA's cost analysis with
 every loop counted (asyncrl/plan/hlo_cost.py) and the paged attention kernel counted from its
@@ -91,14 +93,23 @@ def _spec(c, trainer, rollout, eta):
 
 
 def _assignment(spec, model, trainer_acc, rollout_acc,
-                response_median: float) -> recommend.Assignment:
-    """Both sides compiled and checked; DoesNotFit names the part that does not fit."""
+                response_median: float, find_slice: bool = True) -> recommend.Assignment:
+    """Both sides compiled and checked; DoesNotFit names the part that does not fit (and,
+    with find_slice, the smallest trainer slice that holds a row, by compiling)."""
     trainer, t_info = trainer_part(spec, model, trainer_acc, response_median)
     done = "refused by the TPU compiler for want of HBM" if t_info["refused"] else "compiled"
     print(f"  {trainer_acc.name}: train step {done} in {t_info['compile_s']:.0f} s: "
           f"{trainer.layout.text(trainer_acc.chips)}", flush=True)
     _print_microbatches(spec, trainer, t_info["tried"])
-    check_fits(trainer, None, spec)
+
+    def holds(bigger) -> bool:
+        print(f"  compiling the train step for {bigger.name}: does it hold a row?", flush=True)
+        part = trainer_part(spec, model, bigger, response_median)[0]
+        return part.hbm_bytes_per_device <= part.capacity
+
+    # The smallest slice is searched (a few compiles) for the placement asked for; a swap
+    # that does not fit is only said to.
+    check_fits(trainer, None, spec, holds if find_slice else None)
     rollout, r_info = rollout_part(spec, model, rollout_acc)
     print(f"  {rollout_acc.name}: prefill and decode compiled in {r_info['compile_s']:.0f} s",
           flush=True)
@@ -107,16 +118,21 @@ def _assignment(spec, model, trainer_acc, rollout_acc,
 
 
 def _print_microbatches(spec, trainer, tried) -> None:
-    """What each micro-batch count tried needed, when the config's was not the one that fit."""
+    """What each remat and micro-batch count tried needed, when the config's was not the one
+    that fit."""
     if len(tried) == 1 and trainer.hbm_bytes_per_device <= trainer.capacity:
         return
-    for m, needed, refused in tried:
-        print(f"    train.num_microbatches = {m}: {_gb(needed)} per chip"
+    for remat, m, needed, refused in tried:
+        print(f"    train.remat = '{remat}', {m} micro-batch(es): {_gb(needed)} per chip"
               + (" (the TPU compiler refused it for want of HBM)" if refused else ""))
+    layout = trainer.layout
     if trainer.hbm_bytes_per_device <= trainer.capacity:
-        print(f"    the config's {spec.train.num_microbatches} does not fit: the plan is "
-              f"train.num_microbatches = {trainer.layout.num_microbatches} (set it)",
-              flush=True)
+        changed = [f"train.remat = '{layout.remat}'"] if layout.remat != spec.train.remat else []
+        if not layout.packed and layout.num_microbatches != spec.train.num_microbatches:
+            changed.append(f"train.num_microbatches = {layout.num_microbatches}")
+        if changed:
+            print(f"    the config's step does not fit: the plan is {' and '.join(changed)} "
+                  f"(set {'them' if len(changed) > 1 else 'it'})", flush=True)
 
 
 def _assignments(c, spec, model, trainer_acc, rollout_acc, eta,
@@ -130,7 +146,7 @@ def _assignments(c, spec, model, trainer_acc, rollout_acc, eta,
         try:
             swapped = _spec(c, rollout_acc, trainer_acc, eta)
             assignments.append(_assignment(swapped, model, rollout_acc, trainer_acc,
-                                           response_median))
+                                           response_median, find_slice=False))
         except UserError as error:  # DoesNotFit, or a batch that does not split there
             print(f"  the swap is not tried: {error}", flush=True)
     return assignments
@@ -201,7 +217,7 @@ def _layout_json(spec, layout) -> dict:
     return {"rows": layout.rows, "row_tokens": layout.width, "packed": layout.packed,
             "num_microbatches": layout.num_microbatches,
             "padding_fraction": round(layout.padding_fraction, 4),
-            "attention": spec.train.attention, "remat": spec.train.remat}
+            "attention": spec.train.attention, "remat": layout.remat}
 
 
 def _print_plan(spec, given, predicted, recommended, concurrent, mean_len, median) -> None:

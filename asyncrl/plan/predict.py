@@ -214,7 +214,7 @@ def train_step(spec, model, trainer, count: float) -> Band:
                                    work=work * accelerator.chips, chips=accelerator.chips)
     # The measured step: full remat, dense attention (before issue 45), unpacked rows. Another
     # attention or packing is another program: the measurement does not speak for it.
-    same_program = (spec.train.remat == "full" and spec.train.attention == "dense"
+    same_program = (trainer.layout.remat == "full" and spec.train.attention == "dense"
                     and not spec.train.tokens_per_row)
     if measured is not None and same_program:  # the measured step's remat
         return _calibrated(measured, chip.bf16_flops_per_s, work, overhead)
