@@ -11,7 +11,9 @@ group's prompt). Which pages a row holds is decided on the host (asyncrl/rollout
 the table travels with each call.
 
 Attention reads the pages through one of three backends, chosen at trace time:
-  gather        an XLA gather of the row's W pages, then the dense attention (CPU, GPU);
+  gather        an XLA gather of the pages in the table's columns, then the dense attention
+                (CPU, GPU); the engine sends only the columns some row holds a page in
+                (`asyncrl.rollout.engine.live_width`), so it reads live pages, not all W;
   tpu_ragged    `jax.experimental.pallas.ops.tpu.ragged_paged_attention`, which reads only
                 each row's pages below its length (TPU, one query per row: decode).
 Pallas' TPU interpret mode cannot run that kernel in JAX 0.10.2 (its interpreter has no
@@ -95,7 +97,8 @@ def resolve_backend(backend: str, head_dim: int | None = None) -> str:
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):
-    """Every row's W pages gathered into [B, W * page_size, 2K, H], then dense attention."""
+    """Every row's pages in the table's W columns gathered into [B, W * page_size, 2K, H],
+    then dense attention."""
     from asyncrl.model.transformer import attend_cached
 
     batch, _, kv_heads, _, head_dim = q.shape

@@ -204,6 +204,21 @@ def _generate(graphdef, params, state, page_table, *, steps, attention, **draw_k
     return jax.lax.scan(step, state, None, length=steps)
 
 
+def live_width(page_table: np.ndarray, num_pages: int) -> int:
+    """The page-table columns a dispatch sends: the most pages any row holds (rows hold pages
+    from column 0 on; `num_pages` marks none), rounded up to a power of two and capped at
+    the table's width, so a dispatch reads the live pages and a run compiles at most
+    log2(W) + 1 widths. Every page a dispatch can write is held before it (the caller tops
+    rows up), so no write falls outside the columns sent."""
+    held = int((page_table != num_pages).sum(axis=1).max(initial=0))
+    return pow2_width(held, page_table.shape[1])
+
+
+def pow2_width(held: int, width: int) -> int:
+    """`held` columns rounded up to a power of two (at least one), at most `width`."""
+    return min(width, 1 << max(held - 1, 0).bit_length())
+
+
 # -- the engine ---------------------------------------------------------------------------------
 
 class Engine:
@@ -411,14 +426,17 @@ class Engine:
                  page_table: np.ndarray | None = None) -> tuple[DecodeState, StepResult]:
         """`decode_steps` decode steps with `params` (donates decode_state). A paged engine
         reads and writes the pages `page_table` [B, max_len / page_size] names (the pool's
-        size where a row holds none): every page the dispatch can write must be there."""
+        size where a row holds none): every page the dispatch can write must be there. Only
+        its first `live_width` columns go to the device."""
         table = None
         if self.page_size is not None:
             if page_table is None:
                 raise ValueError("a paged engine decodes through a page table: pass page_table")
             # A copy: on a CPU device_put may alias the host array, which the caller changes
-            # before its next dispatch while this one may still be reading it.
-            table = self._put(np.array(page_table, np.int32))
+            # before its next dispatch while this one may still be reading it. Only the
+            # columns some row holds a page in: attention then reads live pages, not W.
+            table = np.array(page_table, np.int32)
+            table = self._put(table[:, :live_width(table, self.num_pages)])
         return self._generate(params, decode_state, table)
 
     # -- internals ------------------------------------------------------------------------------

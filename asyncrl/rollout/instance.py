@@ -22,7 +22,8 @@ The driver calls `submit` and the `request_*` methods from its own thread.
 
 A stuck engine: the snapshot says how long the engine call in progress (a prefill or a decode
 step) has run (`stalled_s`), from the second call of each kind on (the first compiles, which
-on a loaded host takes minutes). The driver's watchdog calls `fail` on an instance stuck past
+on a loaded host takes minutes; a paged decode's kind names its page-table width, each width
+a program of its own: `Slots.dispatch_kind`). The driver's watchdog calls `fail` on an instance stuck past
 its deadline: it then takes and reports nothing more, and the coordinator re-routes what it
 held. Its thread cannot be stopped inside the call; it ends if the call ever returns.
 
@@ -184,7 +185,7 @@ class RolloutInstance:
                 if len(self.slots.free_slots()) < self.engine.num_slots:
                     start = time.perf_counter()
                     self._preempt()
-                    with self._engine_call("decode"):
+                    with self._engine_call(self.slots.dispatch_kind()):
                         state = self.slots.step(self._params, state, version=self._version)
                     self._report_finished()
                     self._decode_s += time.perf_counter() - start

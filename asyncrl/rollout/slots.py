@@ -116,6 +116,19 @@ class Slots:
                                prefix.done), tuple(records), int(version)))
         return decode_state
 
+    def dispatch_kind(self) -> str:
+        """What the next `step` runs, as compiled programs go: 'decode', or on pages
+        'decode/<columns>' (the page-table columns it will send, `engine.live_width` of the
+        table once topped up): a kind not run before compiles first."""
+        if self.pages is None:
+            return "decode"
+        from asyncrl.rollout.engine import pow2_width
+
+        short = self.pages.shortfall(self.engine.decode_steps, self._running_slots())
+        held = max((len(p.pages) + short.get(slot, 0) for slot, p in self.pages.slots.items()),
+                   default=0)
+        return f"decode/{pow2_width(held, self.pages.width)}"
+
     def step(self, params, decode_state: DecodeState, *, version: int) -> DecodeState:
         """One engine dispatch (its `decode_steps` steps) with `params`; its tokens are tagged
         `version` (donates decode_state). Paged: raises OutOfPages, dispatching nothing, when

@@ -165,6 +165,42 @@ def test_admission_waits_for_pages_and_generate_refuses_to_overrun(model, engine
     assert slots.pages.free == slots.pages.num_pages, "freed slots keep no pages"
 
 
+def test_a_dispatch_sends_the_columns_its_rows_hold_pages_in():
+    """The gather reads what the table sends: the most pages a row holds, rounded up to a
+    power of two, never more than the table has (and at least one column)."""
+    from asyncrl.rollout.engine import live_width
+
+    none = 10  # the pool's size: no page
+    table = np.full((3, 6), none, np.int32)
+    assert live_width(table, none) == 1
+    table[0, :1] = [4]
+    assert live_width(table, none) == 1
+    table[1, :3] = [0, 1, 2]
+    assert live_width(table, none) == 4
+    table[2, :5] = [3, 5, 6, 7, 8]
+    assert live_width(table, none) == 6  # 8 capped at the table's 6
+
+
+def test_each_dispatch_names_the_width_it_sends(model, engines):
+    """An instance's stall watch counts a call from the second of its kind on (the first
+    compiles): a paged decode's kind names the columns the dispatch sends, predicted before
+    the pages are topped up."""
+    from asyncrl.rollout.engine import live_width
+
+    engine, params = engines["paged_k4"], model[1]
+    slots, state = Slots(engine), engine.init_decode_state()
+    prompt = np.arange(3, 10, dtype=np.int32)  # 7 positions: one page, the next dispatch two
+    state = slots.start(params, state, [Trajectory(0, prompt, 40)], [0], version=0)
+    kinds = []
+    while slots.running():
+        kind = slots.dispatch_kind()
+        state = slots.step(params, state, version=0)
+        assert kind == f"decode/{live_width(slots.pages.table, engine.num_pages)}"
+        kinds.append(kind)
+        slots.pop_finished()
+    assert kinds[0] == "decode/2" and kinds[-1] == "decode/6" and len(set(kinds)) == 3
+
+
 def test_the_config_names_every_attention_backend_the_model_has():
     assert ATTENTION_BACKENDS == BACKENDS
 
