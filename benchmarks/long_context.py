@@ -202,21 +202,16 @@ def padding_over_draws(args, draws: int = 20) -> dict:
     draws - 1), packed and bucketed as the trainer does for the trainer's chips: mean, low,
     high, the packer's own share, and the row counts (compiled shapes) seen. Host only."""
     from asyncrl.plan import accelerators
-    from asyncrl.plan.parts import length_model
-    from asyncrl.sim.workload import build_lengths
+    from asyncrl.plan.parts import trajectory_lengths
     from asyncrl.train.packing import bucket_rows, first_fit_decreasing
 
     trainer = accelerators.parse(args.trainer)
     out = {}
     for cap in args.caps:
         spec = spec_at(args, cap, True, trainer)
-        prompts, responses = (build_lengths(d) for d in length_model(spec))
-        entries, group = spec.train.batch_size, spec.rollout.group_size
         width, padding, packing, rows_seen = spec.train.tokens_per_row, [], [], set()
         for seed in range(draws):
-            rng = np.random.default_rng(seed)
-            lengths = (np.repeat(prompts.sample(rng, entries), group)
-                       + responses.sample(rng, entries * group))
+            lengths = trajectory_lengths(spec, seed=seed)
             packed = len(first_fit_decreasing(lengths, width))
             rows = bucket_rows(packed, trainer.chips, len(lengths))
             padding.append(1 - lengths.sum() / (rows * width))

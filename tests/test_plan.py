@@ -469,6 +469,13 @@ def test_remat_is_tried_from_the_configs_down_to_full():
 
     assert remat_choices(_long_rows(64, **{"train.remat": "none"})) == ["none", "dots", "full"]
     assert remat_choices(_long_rows(64, **{"train.remat": "full"})) == ["full"]
+    from asyncrl.model.remat import REMAT_POLICIES
+
+    REMAT_POLICIES.add("mine", lambda: None)  # a plugin's: not ranked, tried before 'full'
+    try:
+        assert remat_choices(_long_rows(64, **{"train.remat": "mine"})) == ["mine", "full"]
+    finally:
+        REMAT_POLICIES.remove("mine")
 
 
 @needs_libtpu

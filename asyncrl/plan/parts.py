@@ -106,15 +106,16 @@ def length_model(spec, response_median: float = 0.0) -> tuple[dict, dict]:
              "sigma": 1.0, "cap": rollout.max_new_tokens})
 
 
-def trajectory_lengths(spec, response_median: float = 0.0):
+def trajectory_lengths(spec, response_median: float = 0.0, seed: int = LENGTHS_SEED):
     """One step's trajectories' lengths (prompt + response), drawn from the length model: a
-    prompt per entry, shared by its group's responses."""
+    prompt per entry, shared by its group's responses. `seed`: another draw (the plan's is
+    LENGTHS_SEED)."""
     import numpy as np
 
     from asyncrl.sim.workload import build_lengths
 
     prompts, responses = (build_lengths(d) for d in length_model(spec, response_median))
-    rng = np.random.default_rng(LENGTHS_SEED)
+    rng = np.random.default_rng(seed)
     entries, group = spec.train.batch_size, spec.rollout.group_size
     return (np.repeat(prompts.sample(rng, entries), group)
             + responses.sample(rng, entries * group))
@@ -256,8 +257,12 @@ REMAT_BY_MEMORY = ("none", "dots", "full")
 
 def remat_choices(spec) -> list[str]:
     """The config's remat policy, then each that keeps less, down to 'full' (one layer's
-    inputs): what the planner tries when a step does not fit."""
-    return list(REMAT_BY_MEMORY[REMAT_BY_MEMORY.index(spec.train.remat):])
+    inputs): what the planner tries when a step does not fit. A policy registered by a
+    plugin is not ranked: it is tried, then 'full'."""
+    remat = spec.train.remat
+    if remat not in REMAT_BY_MEMORY:
+        return [remat, "full"]
+    return list(REMAT_BY_MEMORY[REMAT_BY_MEMORY.index(remat):])
 
 
 def trainer_part(spec, model, accelerator, response_median: float = 0.0) -> tuple[Part, dict]:

@@ -41,8 +41,9 @@ def first_fit_decreasing(lengths: Sequence[int], capacity: int) -> list[list[int
 
 def _rungs():
     """1, 2, ..., 8, then eight rungs per doubling (9, 10, ..., 16, 18, 20, ..., 32, 36, ...):
-    each rung at most 9/8 of the one below, so a bucket adds at most an eighth of its rows
-    again as padding, and a run whose batches vary by a tenth in length sees two or three."""
+    every count up to 16, and from 16 on each rung at most 9/8 of the one below, so a bucket
+    adds at most an eighth of its rows again as padding; a run whose batches vary by a tenth
+    in length sees two or three."""
     yield from range(1, 8)
     for power in itertools.count(3):
         step = 2 ** (power - 3)
