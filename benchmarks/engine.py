@@ -22,8 +22,8 @@ would otherwise move the ratio.
 Then the paged engine against the contiguous one at equal KV memory, on the same lengths in
 GRPO groups sharing a prompt: sequences resident per dispatch, tokens/s, k decode steps per
 dispatch against one, the share of prompt pages a group's sharing saves; and, with libtpu,
-the bytes a decode step compiled for a TPU v5e accesses (the paged kernel's as its block
-plan copies them) against the parameters plus live KV.
+the bytes a decode step compiled for TPU v5e and v6e accesses (the paged kernel's as its
+block plan copies them) against the parameters plus live KV, at max lengths 4k and 16k.
 
 The last line printed is one JSON object with every figure.
 """
@@ -311,11 +311,11 @@ def paged_figures(args, graphdef, config, params, sampling, max_len):
 
 
 def decode_bytes_figures():
-    """Bytes one decode step compiled for a TPU v5e on this host accesses, every loop
+    """Bytes one decode step compiled for TPU v5e and v6e on this host accesses, every loop
     counted and the paged kernel's DMAs counted from its block plan
     (asyncrl/plan/kernel_cost.py), over parameters plus live KV
-    (asyncrl/plan/decode_cost.py; worst of max_len 1,024 / 4,096 at mean lengths max/8 and
-    max/4, 64 sequences, bf16)."""
+    (asyncrl/plan/decode_cost.py; the worst at mean lengths max/8 and max/4 of 64 rows of
+    4,096 and 16 rows of 16,384, bf16)."""
     from asyncrl.plan import decode_cost  # needs libtpu
 
     print()

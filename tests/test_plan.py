@@ -220,28 +220,28 @@ def test_compiled_costs_count_every_layer_and_micro_batch():
         2 * (rolled[2]["flops"] - rolled[1]["flops"]), rel=0.01)
 
 
-def test_the_ragged_kernel_copies_whole_blocks_of_pages():
-    from asyncrl.plan.kernel_cost import paged_decode_attention, ragged_paged_attention
+def test_the_paged_decode_kernel_copies_each_rows_live_pages_once():
+    from asyncrl.model import paged_tpu
+    from asyncrl.plan.kernel_cost import paged_decode_attention, paged_decode_kernel
 
-    shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=128, page_size=16, pages_per_seq=32,
-                 itemsize=2, pages_per_block=8, queries_per_block=2)
+    shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=128, page_size=16, pages_per_seq=64,
+                 itemsize=2)
     page = 16 * 2 * 2 * 128 * 2  # positions x (K and V of 2 kv heads) x head_dim x bf16
-    cost = ragged_paged_attention([1, 20, 300], **shape)
-    # Blocks of 8 pages (128 positions): 1 + 1 + 3, each copied whole, however few tokens.
-    assert cost.kv_bytes == 5 * 8 * page
-    queries = 2 * 2 * (2 * 4 * 128 * 2)  # 2 query blocks of [2, 4, 128], in and out
-    scalars = 4 * (3 + 3 * 32 + 4 + 3)  # kv_lens, page table, cu_q_lens, state, num_seqs
+    cost = paged_decode_kernel([1, 20, 600, 0], **shape)
+    # 1, 2 and 38 pages; an empty slot copies none.
+    assert cost.kv_bytes == (1 + 2 + 38) * page
+    queries = 2 * 4 * (4 * 128 * 2)  # every row's [4, 128] query in, its output out
+    scalars = 4 * (3 * 4 + 4 * 64 + 1)  # order, lengths, first blocks, table, layer
     assert cost.bytes_accessed == cost.kv_bytes + queries + scalars
-    # Per KV head and block: 2 matmuls of 2 x (2 queries x 2 heads) x 128 keys x 128.
-    assert cost.flops == 5 * 2 * 2 * 2 * (2 * 2) * 128 * 128
-    # A sequence whose queries straddle two query blocks is visited in both.
-    assert ragged_paged_attention([3, 1], q_lens=[3, 1], **shape).kv_bytes == 3 * 8 * page
-    # As the model calls it (64 pages a row: blocks of all 64), a one-token row reads what
-    # a full one does: the whole page table.
+    # Blocks of 32 pages (512 positions): 1 + 1 + 2; per kv head 2 matmuls of
+    # 2 x 2 query heads x 512 positions x 128.
+    assert paged_tpu.pages_per_block(16, 64) == 32
+    assert cost.flops == 4 * 2 * 2 * 2 * 2 * 512 * 128
+    # As the model calls it, a short row reads its page, not the row's table.
     model = ModelConfig.tiny(head_dim=128, num_layers=3, param_dtype="bfloat16")
     short, full = (paged_decode_attention(model, [n] * 4, page_size=16, pages_per_row=64)
                    for n in (1, 1024))
-    assert short.kv_bytes == full.kv_bytes == 3 * 4 * 64 * 16 * 2 * 2 * 128 * 2
+    assert full.kv_bytes == 64 * short.kv_bytes == 3 * 4 * 64 * 16 * 2 * 2 * 128 * 2
 
 
 def test_splash_attention_visits_the_causal_tiles_of_its_block_plan():

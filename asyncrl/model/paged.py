@@ -1,7 +1,7 @@
 """A paged KV cache: fixed-size pages in one pool, a page table per sequence.
 
     pages       [L, P, page_size, 2K, H]  kv head i's key at 2i, its value at 2i + 1: the
-                                          layout JAX's TPU ragged paged attention kernel reads
+                                          layout the TPU kernel reads (asyncrl/model/paged_tpu.py)
     page_table  [B, W] int32              page of positions [w * page_size, (w+1) * page_size)
                                           of row b; P (one past the pool) where none is held
 
@@ -14,11 +14,10 @@ Attention reads the pages through one of three backends, chosen at trace time:
   gather        an XLA gather of the pages in the table's columns, then the dense attention
                 (CPU, GPU); the engine sends only the columns some row holds a page in
                 (`asyncrl.rollout.engine.live_width`), so it reads live pages, not all W;
-  tpu_ragged    `jax.experimental.pallas.ops.tpu.ragged_paged_attention`, which reads only
-                each row's pages below its length (TPU, one query per row: decode).
-Pallas' TPU interpret mode cannot run that kernel in JAX 0.10.2 (its interpreter has no
-ReshapeTransform), so tests check `ragged_inputs` against the kernel's reference
-implementation on a CPU and compile the kernel itself for a TPU topology.
+  tpu_ragged    asyncrl/model/paged_tpu.py's Pallas kernel, which copies only each row's
+                pages below its length and nothing for finished or empty slots (TPU, one
+                query per row: decode; prefill chunks gather). Off a TPU it runs in Pallas'
+                interpreter: that is how tests check it against the gather.
 Writes are one scatter into the pool (the scan carry, updated in place); a row's writes land
 only in pages its table names, and rows marked not `writing` write nothing, so a freed row
 cannot touch pages handed to another sequence.
@@ -107,36 +106,20 @@ def _attend_gather(cache: PagedKVCache, q, positions, dtype):
     return attend_cached(q, rows[:, :, 0::2], rows[:, :, 1::2], positions, dtype)
 
 
-def ragged_inputs(cache: PagedKVCache, q, positions):
-    """The TPU kernel's arguments for one query per row: (queries [B, N, H], the layers'
-    pools side by side [L * P, page_size, 2K, H], kv_lens [B], page_indices [B, W] offset to
-    this layer's pool, cu_q_lens [B + 1], num_seqs [1])."""
-    batch, _, kv_heads, groups, head_dim = q.shape
-    layers, num_pages = cache.pages.shape[:2]
-    pool = cache.pages.reshape(layers * num_pages, *cache.pages.shape[2:])
-    table = jnp.minimum(cache.page_table, num_pages - 1) + cache.layer * num_pages
-    queries = q.reshape(batch, kv_heads * groups, head_dim).astype(cache.pages.dtype)
-    return (queries, pool, positions[:, 0] + 1, table, jnp.arange(batch + 1, dtype=jnp.int32),
-            jnp.full((1,), batch, jnp.int32))
-
-
-def ragged_blocks(batch: int, pages_per_row: int) -> tuple[int, int]:
-    """The TPU kernel's block plan as the model calls it: (KV pages per block, queries per
-    block). Its own default blocks for TPU v5 and later, given explicitly: its lookup reads
-    the local device's TPU version, which a compile for a TPU topology from a CPU host lacks.
-    Each block's pages are copied whole (asyncrl/plan/kernel_cost.py counts them)."""
-    return min(pages_per_row, 128), min(batch, 32)
-
-
 def _attend_tpu_ragged(cache: PagedKVCache, q, positions, dtype):
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+    """One query per row through asyncrl/model/paged_tpu.py's kernel, which copies only the
+    pages below each row's length; rows not `writing` (finished or empty slots) read
+    nothing. Interpreted off a TPU (tests)."""
+    from asyncrl.model.attention import target_platform
+    from asyncrl.model.paged_tpu import paged_decode
 
     batch, _, kv_heads, groups, head_dim = q.shape
-    args = ragged_inputs(cache, q, positions)
-    pages_per_block, queries_per_block = ragged_blocks(batch, cache.page_table.shape[1])
-    out = ragged_paged_attention(*args, sm_scale=head_dim ** -0.5,
-                                 num_kv_pages_per_block=pages_per_block,
-                                 num_queries_per_block=queries_per_block)
+    kv_lens = positions[:, 0] + 1
+    if cache.writing is not None:
+        kv_lens = jnp.where(cache.writing, kv_lens, 0)
+    queries = q.reshape(batch, kv_heads * groups, head_dim).astype(cache.pages.dtype)
+    out = paged_decode(queries, cache.pages, cache.page_table, kv_lens, cache.layer,
+                       sm_scale=head_dim ** -0.5, interpret=target_platform() != "tpu")
     return out.reshape(batch, 1, kv_heads, groups, head_dim).astype(dtype)
 
 

@@ -4,17 +4,16 @@ against the least any decode step could move.
 Decode reads every weight and every live token's keys and values once per step and does
 little arithmetic on them, so its speed is set by bytes. The least a step can read is the
 parameters plus the KV of the tokens the sequences actually hold (`ideal`). A contiguous
-cache reads each row's whole max_len. A paged cache with the TPU ragged kernel reads what
-the kernel's DMAs copy: each row's pages in blocks of P = min(W, 128) whole pages, so at
-least P pages a row (asyncrl/plan/kernel_cost.py): with W <= 128 pages a row that is every
-row's whole page table, as much as the contiguous cache. Their ratio to the ideal says how
-much of a step's memory traffic is waste.
+cache reads each row's whole max_len. A paged cache with the TPU kernel
+(asyncrl/model/paged_tpu.py) reads what its DMAs copy: each row's pages below its length,
+once (asyncrl/plan/kernel_cost.py), so it rounds each row up to a page. Their ratio to the
+ideal says how much of a step's memory traffic is waste.
 
 The step is compiled for a TPU topology on this host (asyncrl/plan/tpu_compile.py) and measured
 with XLA's cost analysis, corrected for what that analysis cannot see:
   - loops: the model scans its layers, and XLA counts a loop body once; `analysis` counts
     every iteration (asyncrl/plan/hlo_cost.py);
-  - the ragged paged attention kernel: XLA credits the Pallas custom call with nothing (the
+  - the paged attention kernel: XLA credits the Pallas custom call with nothing (the
     kernel declares no cost estimate), so what it is credited with, measured by
     `custom_call_bytes` (0 with libtpu 0.0.42.1), is taken off, and what it reads and writes
     is added, counted from its block plan (asyncrl/plan/kernel_cost.py), in every layer.
@@ -24,8 +23,8 @@ by XLA's count (3.7 -> 6.1 GB at Qwen2.5-1.5B shape) though it touches the same 
 second figure takes that traffic out (`vmem_bytes`, from `analysis`):
 hbm_bytes = corrected_bytes - 2 * vmem_bytes.
 
-    python -m asyncrl.plan.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes, then
-                                              # the worst ratio of each as one JSON line
+    python -m asyncrl.plan.decode_cost     # the table for Qwen2.5-0.5B / 1.5B shapes on
+                                           # v5e and v6e, then the worst ratios as one JSON line
 """
 
 from __future__ import annotations
@@ -112,10 +111,10 @@ def decode_step_bytes(config: ModelConfig, *, num_seqs: int, max_len: int, mean_
     """Bytes one decode step (`Engine.generate` with decode_steps=1) moves on one chip of a
     TPU topology, every row holding `mean_len` tokens, against the ideal.
 
-    paged: the page pool and the TPU ragged kernel (needs head_dim a multiple of 128), the
-    pool sized like the engine's default, num_seqs * max_len / page_size pages (the
-    contiguous cache's memory), unless num_pages says otherwise; the kernel copies each
-    row's pages in blocks (module docstring). Otherwise the contiguous cache
+    paged: the page pool and the TPU kernel (needs head_dim a multiple of 128), the pool
+    sized like the engine's default, num_seqs * max_len / page_size pages (the contiguous
+    cache's memory), unless num_pages says otherwise; the kernel copies each row's live
+    pages (module docstring). Otherwise the contiguous cache
     [L, B, max_len, K, H]. Everything is replicated on every device of the topology, so a
     larger topology gives the same per-chip figures.
 
@@ -136,7 +135,7 @@ def decode_step_bytes(config: ModelConfig, *, num_seqs: int, max_len: int, mean_
     if not 1 <= mean_len <= max_len:
         raise ValueError(f"mean_len must be in [1, max_len={max_len}], got {mean_len}")
     if paged and config.head_dim % 128:
-        raise ValueError(f"the TPU ragged paged attention kernel needs head_dim a multiple "
+        raise ValueError(f"the TPU paged attention kernel needs head_dim a multiple "
                          f"of 128, got {config.head_dim}")
     dtype = jnp.dtype(cache_dtype or config.param_dtype)
     key = (config, num_seqs, max_len, page_size if paged else None,
@@ -171,25 +170,30 @@ def _qwen2_5(size: str) -> ModelConfig:
     return config
 
 
-SETTINGS = [(size, paged, max_len, mean_len)
-            for size, engines in (("0.5B", (False,)), ("1.5B", (False, True)))
-            for paged in engines for max_len in (1024, 4096)
-            for mean_len in (max_len // 8, max_len // 4)]
+# (model, paged, max_len, mean_len, topology, sequences): 64 rows of 4,096 and 16 of 16,384
+# hold the same KV memory; each at mean lengths of an eighth and a quarter of max_len.
+SETTINGS = ([("0.5B", False, max_len, max_len // d, "v5e:1x1", 64)
+             for max_len in (1024, 4096) for d in (8, 4)]
+            + [("1.5B", False, max_len, max_len // d, "v5e:1x1", 64)
+               for max_len in (1024, 4096) for d in (8, 4)]
+            + [("1.5B", True, max_len, max_len // d, topology, seqs)
+               for topology in ("v5e:1x1", "v6e:1x1")
+               for max_len, seqs in ((4096, 64), (16384, 16)) for d in (8, 4)])
 
 
-def table(settings=SETTINGS, num_seqs: int = 64) -> list[dict]:
-    """decode_step_bytes for each (model size, paged, max_len, mean_len), printed as it goes."""
-    print(f"{'model':12} {'engine':10} {'max_len':>7} {'mean_len':>8} {'xla GB':>7} "
-          f"{'corr GB':>7} {'hbm GB':>7} {'ideal GB':>8} {'ratio':>6} {'hbm ratio':>9} "
-          f"{'compile s (step, kernel)':>24}")
+def table(settings=SETTINGS) -> list[dict]:
+    """decode_step_bytes for each setting, printed as it goes."""
+    print(f"{'model':12} {'engine':10} {'chip':8} {'seqs':>4} {'max_len':>7} {'mean_len':>8} "
+          f"{'xla GB':>7} {'corr GB':>7} {'hbm GB':>7} {'ideal GB':>8} {'ratio':>6} "
+          f"{'hbm ratio':>9} {'compile s (step, kernel)':>24}")
     rows = []
-    for size, paged, max_len, mean_len in settings:
-        r = decode_step_bytes(_qwen2_5(size), num_seqs=num_seqs, max_len=max_len,
-                              mean_len=mean_len, page_size=16, paged=paged)
+    for size, paged, max_len, mean_len, topology, seqs in settings:
+        r = decode_step_bytes(_qwen2_5(size), num_seqs=seqs, max_len=max_len,
+                              mean_len=mean_len, page_size=16, paged=paged, topology=topology)
         rows.append(dict(r, model=f"Qwen2.5-{size}"))
         seconds = f"{r['compile_s']:.1f}, {r['kernel_compile_s']:.1f}"
-        print(f"Qwen2.5-{size:5} {'paged' if paged else 'contiguous':10} "
-              f"{max_len:7d} {mean_len:8d} {r['xla_bytes'] / 1e9:7.3f} "
+        print(f"Qwen2.5-{size:5} {'paged' if paged else 'contiguous':10} {topology:8} "
+              f"{seqs:4d} {max_len:7d} {mean_len:8d} {r['xla_bytes'] / 1e9:7.3f} "
               f"{r['corrected_bytes'] / 1e9:7.3f} {r['hbm_bytes'] / 1e9:7.3f} "
               f"{r['ideal_bytes'] / 1e9:8.3f} {r['bytes_vs_ideal']:6.2f} "
               f"{r['hbm_bytes_vs_ideal']:9.2f} {seconds:>24}", flush=True)
@@ -197,11 +201,15 @@ def table(settings=SETTINGS, num_seqs: int = 64) -> list[dict]:
 
 
 def summary(rows: list[dict]) -> dict:
-    """The worst (largest) ratio of each engine and model over the table's settings."""
-    def worst(model, paged, key):
-        return round(max(r[key] for r in rows if r["model"] == model and r["paged"] == paged), 2)
+    """The worst (largest) ratio of each engine and model over the table's settings (both
+    chips); the paged one also per max_len."""
+    def worst(model, paged, key, max_len=None):
+        return round(max(r[key] for r in rows if r["model"] == model and r["paged"] == paged
+                         and max_len in (None, r["max_len"])), 2)
 
     return {"decode_bytes_vs_ideal": worst("Qwen2.5-1.5B", True, "bytes_vs_ideal"),
+            "decode_bytes_vs_ideal_4k": worst("Qwen2.5-1.5B", True, "bytes_vs_ideal", 4096),
+            "decode_bytes_vs_ideal_16k": worst("Qwen2.5-1.5B", True, "bytes_vs_ideal", 16384),
             "decode_hbm_bytes_vs_ideal": worst("Qwen2.5-1.5B", True, "hbm_bytes_vs_ideal"),
             "contiguous_decode_bytes_vs_ideal": worst("Qwen2.5-1.5B", False, "bytes_vs_ideal"),
             "contiguous_decode_bytes_vs_ideal_0_5b": worst("Qwen2.5-0.5B", False,

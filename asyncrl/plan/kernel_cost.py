@@ -5,23 +5,14 @@ counted here, from what its DMAs copy and its blocks compute. The planner
 (asyncrl/plan/predict.py), the decode byte table (asyncrl/plan/decode_cost.py) and
 benchmarks/engine.py all count the kernel with this one module.
 
-JAX's TPU ragged paged attention (`jax.experimental.pallas.ops.tpu.ragged_paged_attention`,
-JAX 0.10.2), as the model calls it (`asyncrl.model.paged.ragged_blocks`: P = min(W, 128)
-KV pages per block, Q = min(B, 32) queries per block):
-  - its grid is (head blocks, query blocks); in each, every sequence whose queries fall in
-    the query block is visited, its KV in blocks of P pages: ceil(kv_len / (P * page_size))
-    blocks, each one DMA of P whole pages from HBM (`MultiPageAsyncCopyDescriptor` copies
-    all P, repeating the row's first page past its last: the kernel's own TODO "only fetch
-    dynamic shape in need"), double-buffered so each block is copied once;
-  - so a row reads at least P pages in every layer, however short: with W <= 128 (max_len
-    up to 2,048 positions at page size 16) that is the row's whole page table, what a
-    contiguous cache reads;
-  - the query block [Q, heads, H] comes in and the output block goes out once per grid
-    step, and the scalar arguments (kv_lens, page_indices, cu_q_lens, two words of state,
-    num_seqs) are prefetched once;
-  - each visited block computes Q * G query rows (every query of the block, G query heads
-    per KV head) against P * page_size keys and values, per KV head: 2 matmuls of
-    2 * (Q * G) * (P * page_size) * H FLOPs.
+The paged decode kernel (asyncrl/model/paged_tpu.py), one query per row, all heads of a row
+in one grid step:
+  - its DMAs copy each row's pages below its length, each page once, and nothing for a row
+    of length 0 (`block_plan`): the bytes follow the live tokens, rounded up to a page;
+  - every row's query block [N, H] comes in and its output goes out once; the scalar
+    arguments (row order, lengths, first blocks, the flat page table, the layer) once;
+  - each of a row's blocks computes, per kv head, 2 matmuls of 2 * G * (pages per block *
+    page size) * H FLOPs, masked positions of its last block included.
 """
 
 from __future__ import annotations
@@ -43,51 +34,40 @@ class KernelCost:
         return KernelCost(self.flops * times, self.bytes_accessed * times, self.kv_bytes * times)
 
 
-def ragged_paged_attention(kv_lens: Sequence[int], *, num_q_heads: int, num_kv_heads: int,
-                           head_dim: int, page_size: int, pages_per_seq: int, itemsize: int,
-                           pages_per_block: int, queries_per_block: int,
-                           q_lens: Sequence[int] | None = None) -> KernelCost:
-    """One call of the kernel on sequences of `kv_lens` tokens (each with `q_lens` queries,
-    default 1: decode), queries and pages of `itemsize` bytes, and its block plan."""
+def paged_decode_kernel(kv_lens: Sequence[int], *, num_q_heads: int, num_kv_heads: int,
+                        head_dim: int, page_size: int, pages_per_seq: int,
+                        itemsize: int) -> KernelCost:
+    """One call of the paged decode kernel on rows of `kv_lens` tokens (0: an empty or
+    finished slot), queries and pages of `itemsize` bytes, a page table `pages_per_seq`
+    wide."""
+    from asyncrl.model.paged_tpu import block_plan
+
     kv_lens = np.asarray(kv_lens, np.int64)
-    q_lens = np.ones_like(kv_lens) if q_lens is None else np.asarray(q_lens, np.int64)
-    if kv_lens.shape != q_lens.shape or (q_lens < 1).any() or (kv_lens < q_lens).any():
-        raise ValueError("every sequence needs 1 <= q_len <= kv_len")
-    if not 0 < pages_per_block <= pages_per_seq:
-        raise ValueError(f"pages_per_block must be in (0, {pages_per_seq}], got {pages_per_block}")
-    ends = np.cumsum(q_lens)
-    starts = ends - q_lens
-    # A sequence is visited once in every query block its queries fall in.
-    visits = (ends - 1) // queries_per_block - starts // queries_per_block + 1
-    blocks = -(-kv_lens // (pages_per_block * page_size))
-    copied_blocks = float((visits * blocks).sum())
+    if (kv_lens < 0).any():
+        raise ValueError("kv_lens must be >= 0")
+    plan = block_plan(kv_lens, page_size=page_size, width=pages_per_seq)
     page_bytes = page_size * 2 * num_kv_heads * head_dim * itemsize
-    kv_bytes = copied_blocks * pages_per_block * page_bytes
-    query_blocks = math.ceil(int(ends[-1]) / queries_per_block)
-    queries = 2 * query_blocks * queries_per_block * num_q_heads * head_dim * itemsize
-    seqs = len(kv_lens)
-    scalars = 4 * (seqs + seqs * pages_per_seq + seqs + 1 + 2 + 1)
+    kv_bytes = float(plan["pages_copied"] * page_bytes)
+    rows = len(kv_lens)
+    queries = 2 * rows * num_q_heads * head_dim * itemsize
+    scalars = 4 * (3 * rows + rows * pages_per_seq + 1)
     groups = num_q_heads // num_kv_heads
-    flops = (copied_blocks * num_kv_heads * 2 * 2 * queries_per_block * groups
-             * pages_per_block * page_size * head_dim)
-    return KernelCost(flops, kv_bytes + queries + scalars, kv_bytes)
+    block_len = plan["pages_per_block"] * page_size
+    flops = plan["blocks"] * num_kv_heads * 2 * 2 * groups * block_len * head_dim
+    return KernelCost(float(flops), kv_bytes + queries + scalars, kv_bytes)
 
 
 def paged_decode_attention(model, kv_lens: Sequence[int], *, page_size: int,
                            pages_per_row: int, cache_dtype=None) -> KernelCost:
     """The kernel calls of one decode step of `model` (a ModelConfig), every layer: one
-    query per row, each row of the engine's B slots holding its kv_len tokens (an idle slot
-    too: it still computes, and still copies its first block)."""
+    query per row, each row of the engine's B slots holding its kv_len tokens (0 for a slot
+    that is not running: it reads no page)."""
     import jax.numpy as jnp
 
-    from asyncrl.model.paged import ragged_blocks
-
-    pages_per_block, queries_per_block = ragged_blocks(len(kv_lens), pages_per_row)
-    one = ragged_paged_attention(
+    one = paged_decode_kernel(
         kv_lens, num_q_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim, page_size=page_size, pages_per_seq=pages_per_row,
-        itemsize=jnp.dtype(cache_dtype or model.param_dtype).itemsize,
-        pages_per_block=pages_per_block, queries_per_block=queries_per_block)
+        itemsize=jnp.dtype(cache_dtype or model.param_dtype).itemsize)
     return one * model.num_layers
 
 

@@ -3,10 +3,11 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ref_ragged_paged_attention
+import pytest
 
 from asyncrl.model import KVCache, ModelConfig
-from asyncrl.model.paged import PagedKVCache, ragged_inputs
+from asyncrl.model import paged_tpu
+from asyncrl.model.paged import PagedKVCache
 
 CONFIG = ModelConfig.tiny()
 L, K, G, H = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.num_groups, CONFIG.head_dim
@@ -64,18 +65,29 @@ def test_a_row_not_writing_leaves_every_page_alone():
     np.testing.assert_array_equal(after.pages, paged.pages)
 
 
-def test_the_tpu_kernels_inputs_give_the_kernels_reference_result():
-    """What the engine hands `ragged_paged_attention` (layers' pools side by side, the layer's
-    page offset, lengths, one query per row), through the kernel's own reference
-    implementation: the contract holds on a CPU, where the kernel itself cannot run."""
-    rng = np.random.default_rng(2)
-    _, paged = _caches(rng)
-    q = _random(rng, POSITIONS.shape[0], 1, K, G, H)
-    k, v = _random(rng, POSITIONS.shape[0], 1, K, H), _random(rng, POSITIONS.shape[0], 1, K, H)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_tpu_kernel_interpreted_matches_the_gather_and_skips_rows_not_writing(
+        dtype, monkeypatch):
+    """The TPU kernel in Pallas' interpreter, blocks of 2 pages so rows span several blocks
+    and the next row's first block is copied while the last one computes: the gather's
+    attention for every writing row; a row not writing reads no page and returns zeros."""
+    monkeypatch.setattr(paged_tpu, "BLOCK_POSITIONS", 2 * PAGE)
+    config = ModelConfig.tiny(head_dim=128)
+    kv_heads, groups = config.num_kv_heads, config.num_groups
+    rng = np.random.default_rng(3)
+    batch = POSITIONS.shape[0]
+    order = rng.permutation(POOL)[:batch * WIDTH].reshape(batch, WIDTH).astype(np.int32)
+    pages = jnp.asarray(rng.normal(size=(L, POOL, PAGE, 2 * kv_heads, 128)), dtype)
+    q = _random(rng, batch, 1, kv_heads, groups, 128)
+    k = _random(rng, batch, 1, kv_heads, 128)
+    v = _random(rng, batch, 1, kv_heads, 128)
+    writing = jnp.asarray([True, False, True, True])
+    tolerance = 1e-5 if dtype == "float32" else 2e-2
     for layer in range(L):
-        cache = paged.replace(layer=jnp.int32(layer))
-        want, written = cache.attend(q, k, v, POSITIONS, jnp.float32)
-        got = ref_ragged_paged_attention(*ragged_inputs(written, q, POSITIONS),
-                                         sm_scale=H ** -0.5)
-        np.testing.assert_allclose(np.asarray(got), np.asarray(want).reshape(got.shape),
-                                   atol=1e-5)
+        cache = PagedKVCache(pages, jnp.asarray(order), writing=writing, layer=jnp.int32(layer))
+        want, _ = cache.replace(backend="gather").attend(q, k, v, POSITIONS, jnp.float32)
+        got, _ = cache.replace(backend="tpu_ragged").attend(q, k, v, POSITIONS, jnp.float32)
+        live = np.asarray(writing)
+        np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live],
+                                   atol=tolerance)
+        np.testing.assert_array_equal(np.asarray(got)[~live], 0.0)

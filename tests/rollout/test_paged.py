@@ -59,7 +59,7 @@ def _serve(engine, params, requests=REQUESTS):
     rng = np.random.default_rng(0)
     queue_, next_id = [], 0
     for n, g, budget in requests:
-        prompt = rng.integers(3, CONFIG.vocab_size, size=n).astype(np.int32)
+        prompt = rng.integers(3, engine.config.vocab_size, size=n).astype(np.int32)
         queue_.append([Trajectory(i, prompt, budget) for i in range(next_id, next_id + g)])
         next_id += g
     slots, state, done, preempted = Slots(engine), engine.init_decode_state(), {}, 0
