@@ -91,7 +91,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.rollout.num_pages = 0
     c.rollout.preemption = "newest"  # or "longest"
     c.rollout.decode_steps_per_dispatch = 1  # decode steps run on device per host dispatch
-    c.rollout.attention = "auto"  # paged attention: auto, gather (XLA), tpu_ragged (Pallas)
+    # Paged attention: auto, gather (XLA), tpu_ragged or gpu_paged (Pallas kernels).
+    c.rollout.attention = "auto"
 
     c.staleness = ml_collections.ConfigDict()
     c.staleness.eta = arg.eta

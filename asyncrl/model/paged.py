@@ -15,15 +15,20 @@ Attention reads the pages through one of three backends, chosen at trace time:
                 (CPU, GPU); the engine sends only the columns some row holds a page in
                 (`asyncrl.rollout.engine.live_width`), so it reads live pages, not all W;
   tpu_ragged    asyncrl/model/paged_tpu.py's Pallas kernel, which copies only each row's
-                pages below its length and nothing for finished or empty slots (TPU, one
-                query per row: decode; prefill chunks gather). Off a TPU it runs in Pallas'
-                interpreter: that is how tests check it against the gather.
+                pages below its length and nothing for finished or empty slots (TPU);
+  gpu_paged     JAX's Pallas GPU paged attention kernel on this pool's layout
+                (asyncrl/model/paged_gpu.py), which loads each row's pages below its length
+                in compute blocks (GPU).
+The kernels run decode (one query per row); prefill chunks gather. Off its platform a
+kernel runs in Pallas' interpreter: that is how tests check it against the gather.
 Writes are one scatter into the pool (the scan carry, updated in place); a row's writes land
 only in pages its table names, and rows marked not `writing` write nothing, so a freed row
 cannot touch pages handed to another sequence.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import flax.struct
 import jax
@@ -32,7 +37,10 @@ import jax.numpy as jnp
 from asyncrl.model.config import ModelConfig
 
 # asyncrl.rollout.pages.ATTENTION_BACKENDS repeats these for config checks that load no model.
-BACKENDS = ("auto", "gather", "tpu_ragged")
+BACKENDS = ("auto", "gather", "tpu_ragged", "gpu_paged")
+# Imported when a trace calls one: Pallas' TPU and Triton modules are slow to import.
+_DECODE_KERNELS = {"tpu_ragged": "asyncrl.model.paged_tpu",
+                   "gpu_paged": "asyncrl.model.paged_gpu"}
 
 
 @flax.struct.dataclass
@@ -73,26 +81,33 @@ class PagedKVCache:
         pages = self.pages.at[at].set(kv.astype(self.pages.dtype), mode="drop")
         cache = self.replace(pages=pages)
         backend = resolve_backend(self.backend, head_dim)
-        if backend == "tpu_ragged" and length == 1:
-            return _attend_tpu_ragged(cache, q, positions, dtype), cache
+        if backend in _DECODE_KERNELS and length == 1:
+            return _attend_kernel(backend, cache, q, positions, dtype), cache
         return _attend_gather(cache, q, positions, dtype), cache
 
 
 def resolve_backend(backend: str, head_dim: int | None = None) -> str:
-    """"auto": the TPU kernel when compiling for a TPU and it can take the shape, else the
-    gather. The kernel tiles head_dim by TPU lanes: it needs a multiple of 128 (Qwen2.5-0.5B's
-    64 fails inside it), so such models gather on TPU too."""
+    """"auto": the platform's decode kernel when compiling for a TPU or a GPU and it can take
+    the shape, else the gather. The TPU kernel tiles head_dim by TPU lanes: it needs a
+    multiple of 128 (Qwen2.5-0.5B's 64 cannot); the GPU kernel's dots need a multiple of
+    16. A kernel named for a shape it cannot take is an error."""
     from asyncrl.model.attention import target_platform
 
     if backend not in BACKENDS:
         raise ValueError(f"paged attention backend must be one of {BACKENDS}, got {backend!r}")
-    kernel_fits = head_dim is None or head_dim % 128 == 0
-    if backend == "tpu_ragged" and not kernel_fits:
-        raise ValueError(f"the tpu_ragged attention kernel needs head_dim a multiple of 128, "
-                         f"the model's is {head_dim}: use 'auto' or 'gather'")
+    for kernel, multiple in _HEAD_DIM_MULTIPLE.items():
+        if backend == kernel and head_dim is not None and head_dim % multiple:
+            raise ValueError(f"the {kernel} attention kernel needs head_dim a multiple of "
+                             f"{multiple}, the model's is {head_dim}: use 'auto' or 'gather'")
     if backend != "auto":
         return backend
-    return "tpu_ragged" if target_platform() == "tpu" and kernel_fits else "gather"
+    kernel = {"tpu": "tpu_ragged", "gpu": "gpu_paged", "cuda": "gpu_paged"}.get(
+        target_platform())
+    fits = kernel is not None and (head_dim is None or head_dim % _HEAD_DIM_MULTIPLE[kernel] == 0)
+    return kernel if fits else "gather"
+
+
+_HEAD_DIM_MULTIPLE = {"tpu_ragged": 128, "gpu_paged": 16}
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):
@@ -106,20 +121,21 @@ def _attend_gather(cache: PagedKVCache, q, positions, dtype):
     return attend_cached(q, rows[:, :, 0::2], rows[:, :, 1::2], positions, dtype)
 
 
-def _attend_tpu_ragged(cache: PagedKVCache, q, positions, dtype):
-    """One query per row through asyncrl/model/paged_tpu.py's kernel, which copies only the
-    pages below each row's length; rows not `writing` (finished or empty slots) read
-    nothing. Interpreted off a TPU (tests)."""
+def _attend_kernel(backend: str, cache: PagedKVCache, q, positions, dtype):
+    """One query per row through the platform's kernel, which reads only the pages below
+    each row's length; rows not `writing` (finished or empty slots) read nothing.
+    Interpreted off its platform (tests)."""
     from asyncrl.model.attention import target_platform
-    from asyncrl.model.paged_tpu import paged_decode
 
+    module = importlib.import_module(_DECODE_KERNELS[backend])
     batch, _, kv_heads, groups, head_dim = q.shape
     kv_lens = positions[:, 0] + 1
     if cache.writing is not None:
         kv_lens = jnp.where(cache.writing, kv_lens, 0)
     queries = q.reshape(batch, kv_heads * groups, head_dim).astype(cache.pages.dtype)
-    out = paged_decode(queries, cache.pages, cache.page_table, kv_lens, cache.layer,
-                       sm_scale=head_dim ** -0.5, interpret=target_platform() != "tpu")
+    interpret = target_platform() not in module.PLATFORMS
+    out = module.paged_decode(queries, cache.pages, cache.page_table, kv_lens, cache.layer,
+                              sm_scale=head_dim ** -0.5, interpret=interpret)
     return out.reshape(batch, 1, kv_heads, groups, head_dim).astype(dtype)
 
 

@@ -36,6 +36,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+# Where it runs compiled; elsewhere interpreted.
+PLATFORMS = ("tpu",)
 # Positions one block covers: a block's pages are copied as separate DMAs anyway (pages are
 # scattered over the pool), so the block size sets only VMEM (two buffers) and how much of a
 # row's last block computes on masked positions, never the bytes copied.

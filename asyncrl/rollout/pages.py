@@ -17,7 +17,7 @@ import numpy as np
 # Which running sequence a short pool hands back (Slots.preempt).
 PREEMPTION = ("newest", "longest")
 # asyncrl.model.paged.BACKENDS, for config checks that load no model (a test keeps them equal).
-ATTENTION_BACKENDS = ("auto", "gather", "tpu_ragged")
+ATTENTION_BACKENDS = ("auto", "gather", "tpu_ragged", "gpu_paged")
 
 
 class OutOfPages(RuntimeError):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from asyncrl.model import KVCache, ModelConfig
-from asyncrl.model import paged_tpu
+from asyncrl.model import paged_gpu, paged_tpu
 from asyncrl.model.paged import PagedKVCache
 
 CONFIG = ModelConfig.tiny()
@@ -65,13 +65,17 @@ def test_a_row_not_writing_leaves_every_page_alone():
     np.testing.assert_array_equal(after.pages, paged.pages)
 
 
+@pytest.mark.parametrize("backend", ["tpu_ragged", "gpu_paged"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_tpu_kernel_interpreted_matches_the_gather_and_skips_rows_not_writing(
-        dtype, monkeypatch):
-    """The TPU kernel in Pallas' interpreter, blocks of 2 pages so rows span several blocks
-    and the next row's first block is copied while the last one computes: the gather's
-    attention for every writing row; a row not writing reads no page and returns zeros."""
+def test_the_kernels_interpreted_match_the_gather_and_skip_rows_not_writing(
+        backend, dtype, monkeypatch):
+    """Each decode kernel in Pallas' interpreter, with small blocks so rows span several
+    (TPU: 2 pages a block, the next row's first block copied while the last computes; GPU:
+    1 page a compute block, the table in 4 partitions): the gather's attention for every
+    writing row; a row not writing reads no page and returns zeros."""
     monkeypatch.setattr(paged_tpu, "BLOCK_POSITIONS", 2 * PAGE)
+    monkeypatch.setattr(paged_gpu, "BLOCK_POSITIONS", PAGE)
+    monkeypatch.setattr(paged_gpu, "MAX_SPLITS", 4)
     config = ModelConfig.tiny(head_dim=128)
     kv_heads, groups = config.num_kv_heads, config.num_groups
     rng = np.random.default_rng(3)
@@ -86,8 +90,29 @@ def test_the_tpu_kernel_interpreted_matches_the_gather_and_skips_rows_not_writin
     for layer in range(L):
         cache = PagedKVCache(pages, jnp.asarray(order), writing=writing, layer=jnp.int32(layer))
         want, _ = cache.replace(backend="gather").attend(q, k, v, POSITIONS, jnp.float32)
-        got, _ = cache.replace(backend="tpu_ragged").attend(q, k, v, POSITIONS, jnp.float32)
+        got, _ = cache.replace(backend=backend).attend(q, k, v, POSITIONS, jnp.float32)
         live = np.asarray(writing)
         np.testing.assert_allclose(np.asarray(got)[live], np.asarray(want)[live],
                                    atol=tolerance)
         np.testing.assert_array_equal(np.asarray(got)[~live], 0.0)
+
+
+def test_the_gpu_kernel_lowers_for_cuda_reading_the_pool_in_place():
+    """Lowered for CUDA from this host (Triton IR; the PTX compile needs a GPU): one Triton
+    call at 7B's heads, bf16, 32k positions in pages of 64, fed the pool itself for both
+    keys and values: no transpose, no slice, no copy of the pool into K / V layouts."""
+    import functools
+    import re
+
+    shape = jax.ShapeDtypeStruct
+    args = (shape((8, 28, 128), jnp.bfloat16), shape((2, 8 * 512, 64, 8, 128), jnp.bfloat16),
+            shape((8, 512), jnp.int32), shape((8,), jnp.int32), shape((), jnp.int32))
+    text = jax.jit(functools.partial(paged_gpu.paged_decode, sm_scale=0.1)).trace(
+        *args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = re.findall(r"stablehlo.custom_call @(\S+)\((%\w+), (%\w+), (%\w+)", text)
+    assert [target for target, *_ in calls] == ["__gpu$xla.gpu.triton"]
+    _, _, keys, values = calls[0]
+    assert keys == values, "keys and values should be read from one pool"
+    pool = re.search(rf"{keys} = (.*)", text).group(1)
+    assert pool.startswith("stablehlo.reshape %arg1"), pool  # [L, P, ...] -> [L * P, ...]
+    assert "stablehlo.transpose" not in text

@@ -1,10 +1,10 @@
-"""The TPU paged decode kernel (asyncrl/model/paged_tpu.py), run in Pallas' interpreter
-inside the real engine, against the gather backend: same keys, same tokens, with finished
-slots refilled, preemption and 1 to 4 decode steps per dispatch.
+"""The paged decode kernels (TPU: asyncrl/model/paged_tpu.py, GPU: asyncrl/model/paged_gpu.py),
+run in Pallas' interpreter inside the real engine, against the gather backend: same keys,
+same tokens, with finished slots refilled, preemption and 1 to 4 decode steps per dispatch.
 
-The kernel needs head_dim 128, so these engines use a tiny model of that head size; every
-run serves the same requests through test_paged's `_serve`. Interpreted, a kernel call costs
-milliseconds of host work per layer: the workload is small.
+The TPU kernel needs head_dim 128, so these engines use a tiny model of that head size;
+every run serves the same requests through test_paged's `_serve`. Interpreted, a kernel
+call costs milliseconds of host work per layer: the workload is small.
 """
 
 import numpy as np
@@ -37,14 +37,16 @@ def served():
     # four slots that want up to 28 each, so rows are preempted and resumed.
     settings = {"sampled_k1": (1.0, 1, None), "sampled_k2_short": (1.0, 2, 6),
                 "greedy_k3_short": (0.0, 3, 6), "sampled_k4": (1.0, 4, None)}
-    return {name: (run("gather", *setting), run("tpu_ragged", *setting))
-            for name, setting in settings.items()}
+    return {(name, backend): run(backend, *setting) for name, setting in settings.items()
+            for backend in ("gather", "tpu_ragged", "gpu_paged")}
 
 
+@pytest.mark.parametrize("backend", ["tpu_ragged", "gpu_paged"])
 @pytest.mark.parametrize("name", ["sampled_k1", "sampled_k2_short", "greedy_k3_short",
                                   "sampled_k4"])
-def test_the_kernel_gives_the_gathers_tokens(served, name):
-    (reference, _, _), (records, preempted, slots) = served[name]
+def test_the_kernel_gives_the_gathers_tokens(served, name, backend):
+    reference, _, _ = served[name, "gather"]
+    records, preempted, slots = served[name, backend]
     assert sorted(records) == sorted(reference)
     assert len(records) == sum(g for _, g, _ in REQUESTS)
     if name.endswith("_short"):
