@@ -35,6 +35,7 @@ def test_engine_benchmark():
     assert result.keys() == {"slot_tok_s", "static_tok_s", "naive_tok_s", "slot_vs_static",
                              "contiguous_tok_s", "paged_tok_s", "paged_vs_contiguous_concurrency",
                              "paged_vs_contiguous_tok_s", "multistep_vs_single",
+                             "multistep_behind_vs_single", "behind_vs_blocking",
                              "group_prefill_saving", "preemptions"}
     assert min(v for k, v in result.items() if k != "preemptions") > 0
     assert result["slot_vs_static"] == round(result["slot_tok_s"] / result["static_tok_s"], 2)

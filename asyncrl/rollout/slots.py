@@ -166,22 +166,28 @@ class Slots:
 
     def preempt(self) -> list[Trajectory]:
         """Hands back running sequences, partial, until the next dispatch's pages fit (their
-        records: resume them here or elsewhere). Empty when nothing needs to move."""
+        records: resume them here or elsewhere). Empty when nothing needs to move. Waits for
+        the device only when the pages seem short: records not yet read count as running,
+        which can only overstate the need."""
         if self.pages is None:
             return []
-        self._sync()
+        if self._pages_short():
+            self._sync()
         victims = []
-        while True:
+        while self._pages_short():
             running = self._running_slots()
-            short = sum(self.pages.shortfall(self.engine.decode_steps, running).values())
-            if short <= self.pages.free or not running:
-                return victims
             held = self.pages.slots
             if self.preemption == "newest":
                 victim = max(running, key=lambda s: held[s].order)
             else:
                 victim = max(running, key=lambda s: len(held[s].pages))
             victims.append(self.extract(victim))
+        return victims
+
+    def _pages_short(self) -> bool:
+        running = self._running_slots()
+        short = sum(self.pages.shortfall(self.engine.decode_steps, running).values())
+        return bool(running) and short > self.pages.free
 
     def kv_pages(self) -> tuple[int, int]:
         """(used, total) pages; a contiguous cache counts one page of max_len per slot."""
@@ -211,9 +217,13 @@ class Slots:
         self._sync()
         return {s: r for s, r in enumerate(self._records) if r is not None and not r.finished}
 
-    def pop_finished(self) -> list[Trajectory]:
-        """Finished trajectories, in slot order; their slots become free."""
-        self._sync()
+    def pop_finished(self, *, behind: int = 0) -> list[Trajectory]:
+        """Finished trajectories, in slot order; their slots become free. `behind`=1 leaves
+        the newest dispatch unread: called right after `step`, it waits for the dispatch
+        before, so the host's work (reading, reporting, refilling) runs while the device
+        computes the newest one. A trajectory that finished in the unread dispatch comes
+        out of the next call, its slot idle for the dispatch in between."""
+        self._sync(behind)
         done = []
         for s, record in enumerate(self._records):
             if record is not None and record.finished:
@@ -242,12 +252,16 @@ class Slots:
         if self.pages is not None:
             self.pages.release_slot(slot)
 
-    def _sync(self) -> None:
-        """Appends every queued dispatch's tokens to its owners' records (one device_get)."""
-        if not self._pending:
+    def _sync(self, behind: int = 0) -> None:
+        """Appends queued dispatches' tokens to their owners' records (one device_get): all,
+        or all but the newest `behind` decode dispatches and what was queued after them."""
+        keep = len(self._pending)
+        for _ in range(behind):
+            keep = next((i for i in range(keep - 1, -1, -1)
+                         if self._pending[i][0][3] is not None), 0)  # a decode dispatch
+        if keep == 0:
             return
-        pending = list(self._pending)
-        self._pending.clear()
+        pending = [self._pending.popleft() for _ in range(keep)]
         host = jax.device_get([outputs for outputs, _, _ in pending])
         stops = set(self.engine.stop_tokens)
         for outputs, (_, owners, version) in zip(host, pending):

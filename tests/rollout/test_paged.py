@@ -53,9 +53,10 @@ def engines(model):
     }
 
 
-def _serve(engine, params, requests=REQUESTS):
+def _serve(engine, params, requests=REQUESTS, behind=0):
     """All requests through `engine` with refill; preempted sequences go to the back of the
-    queue and resume. Returns ({trajectory id: record}, preemptions, the slots' records)."""
+    queue and resume; `behind`=1 reads each dispatch after the next one is queued, as an
+    instance does. Returns ({trajectory id: record}, preemptions, the slots' records)."""
     rng = np.random.default_rng(0)
     queue_, next_id = [], 0
     for n, g, budget in requests:
@@ -64,7 +65,7 @@ def _serve(engine, params, requests=REQUESTS):
         next_id += g
     slots, state, done, preempted = Slots(engine), engine.init_decode_state(), {}, 0
     for _ in range(2000):
-        if not queue_ and not slots.running():
+        if not queue_ and len(slots.free_slots()) == engine.num_slots:
             break
         while queue_:
             work, free = queue_[0], slots.free_slots()
@@ -77,7 +78,7 @@ def _serve(engine, params, requests=REQUESTS):
             preempted += 1
             queue_.append([record])
         state = slots.step(params, state, version=0)
-        for record in slots.pop_finished():
+        for record in slots.pop_finished(behind=behind):
             done[record.trajectory_id] = record
     assert not queue_ and not slots.running(), "the workload did not finish"
     return done, preempted, slots
@@ -85,13 +86,16 @@ def _serve(engine, params, requests=REQUESTS):
 
 @pytest.fixture(scope="module")
 def served(model, engines):
-    return {name: _serve(engine, model[1]) for name, engine in engines.items()}
+    runs = {name: _serve(engine, model[1]) for name, engine in engines.items()}
+    # The host one dispatch behind the device, on the short pool (preemption) at k = 2.
+    runs["paged_short_behind"] = _serve(engines["paged_short"], model[1], behind=1)
+    return runs
 
 
 def test_paged_tokens_match_the_contiguous_engine_under_the_same_keys(served):
     reference, _, _ = served["contiguous"]
     assert len(reference) == sum(g for _, g, _ in REQUESTS)
-    for name in ("paged", "paged_k4", "paged_short"):
+    for name in ("paged", "paged_k4", "paged_short", "paged_short_behind"):
         records, _, _ = served[name]
         assert sorted(records) == sorted(reference), name
         for tid, record in records.items():
@@ -108,8 +112,9 @@ def test_greedy_paged_with_preemption_matches_contiguous(served):
     assert {t: r.tokens for t, r in records.items()} == {t: r.tokens for t, r in reference.items()}
 
 
-def test_a_short_pool_preempts_and_loses_nothing(served):
-    records, preempted, slots = served["paged_short"]
+@pytest.mark.parametrize("name", ["paged_short", "paged_short_behind"])
+def test_a_short_pool_preempts_and_loses_nothing(served, name):
+    records, preempted, slots = served[name]
     assert preempted > 0
     for (n, g, budget), first in zip(REQUESTS, np.cumsum([0] + [g for _, g, _ in REQUESTS])):
         for tid in range(first, first + g):
@@ -117,6 +122,22 @@ def test_a_short_pool_preempts_and_loses_nothing(served):
     table = slots.pages
     assert table.free == table.num_pages and not table.slots, "pages leaked"
     assert (table.refs == 0).all()
+
+
+def test_reading_one_dispatch_behind_leaves_the_newest_unread(model, engines):
+    """`pop_finished(behind=1)` right after a dispatch reads the ones before it: a
+    trajectory that finishes in the newest comes out of the next call, whole."""
+    engine, params = engines["paged"], model[1]
+    slots, state = Slots(engine), engine.init_decode_state()
+    state = slots.start(params, state, [Trajectory(0, np.arange(3, 9, dtype=np.int32), 2)],
+                        [0], version=0)  # the prefill draws one token, one dispatch the last
+    state = slots.step(params, state, version=0)
+    assert slots.pop_finished(behind=1) == []
+    assert len(slots.records()[0].tokens) == 1  # the prefill's token was read
+    state = slots.step(params, state, version=1)  # the slot's row is done on device
+    (record,) = slots.pop_finished(behind=1)
+    assert len(record.tokens) == 2 and record.versions == [0, 0]
+    assert slots.pop_finished() == [] and slots.pages.used == 0
 
 
 def test_a_group_shares_its_prompt_pages(model, engines):
