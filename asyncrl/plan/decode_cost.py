@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from asyncrl.model import ModelConfig, PagedKVCache, abstract_params
-from asyncrl.model.paged import _attend_tpu_ragged, live_kv_bytes
+from asyncrl.model.paged import _attend_kernel, live_kv_bytes
 from asyncrl.rollout.engine import Engine, _generate
 from asyncrl.model.sampling import SamplingParams
 from asyncrl.plan.kernel_cost import paged_decode_attention
@@ -91,7 +91,7 @@ def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: 
         def attend(q, pages, page_table, positions):
             cache = PagedKVCache(pages, page_table, layer=jnp.zeros((), jnp.int32),
                                  backend="tpu_ragged")
-            return _attend_tpu_ragged(cache, q, positions, q.dtype)
+            return _attend_kernel("tpu_ragged", cache, q, positions, q.dtype)
 
         q = jax.ShapeDtypeStruct((num_seqs, 1, config.num_kv_heads, config.num_groups,
                                   config.head_dim), state.cache.dtype)

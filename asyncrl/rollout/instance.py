@@ -2,9 +2,11 @@
 
 The thread loops: apply the driver's commands (drop aborted work, hand trajectories back),
 pull newer weights if a sync was asked for, fill free slots from its queue, run one decode
-dispatch, and report the trajectories that finished in the dispatch before it: the host
-reads, reports and refills while the device computes the newest dispatch (a slot that
-finished waits one dispatch more to be refilled). New weights are swapped in between two
+dispatch, and report finished trajectories. At one decode step per dispatch it reports those
+of the dispatch before the newest: the host reads, reports and refills while the device
+computes, and a finished slot waits one step more to be refilled. At k steps per dispatch
+the host's work is already spread over k steps, and reading behind would idle a finished
+slot k steps more: it reads the newest (benchmarks/engine.py, docs/results.md). New weights are swapped in between two
 decode dispatches without draining the slots (partial rollout: tokens so far are kept and
 the rest come from the new version, each token tagged with its version). With partial
 rollout off, a sync waits instead until the running trajectories finish, starting no new
@@ -76,6 +78,7 @@ class RolloutInstance:
         # a paged one is given its whole budget's pages at admission and is never preempted.
         self.slots = Slots(engine, reserve="on_demand" if partial_rollout else "budget",
                            preemption=preemption)
+        self._read_behind = 1 if engine.decode_steps == 1 else 0  # module docstring
         self._pull_weights = pull
         self._sink = sink
         self._reporter = reporter
@@ -190,8 +193,7 @@ class RolloutInstance:
                     self._preempt()
                     with self._engine_call(self.slots.dispatch_kind()):
                         state = self.slots.step(self._params, state, version=self._version)
-                        # The dispatch before this one: the device runs this one meanwhile.
-                        finished = self.slots.pop_finished(behind=1)
+                        finished = self.slots.pop_finished(behind=self._read_behind)
                     self._report_finished(finished)
                     self._decode_s += time.perf_counter() - start
                     self._decode_steps += 1
