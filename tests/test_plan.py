@@ -244,6 +244,34 @@ def test_the_paged_decode_kernel_copies_each_rows_live_pages_once():
     assert full.kv_bytes == 64 * short.kv_bytes == 3 * 4 * 64 * 16 * 2 * 2 * 128 * 2
 
 
+def test_the_gpu_paged_decode_loads_live_pages_in_compute_blocks(monkeypatch):
+    from asyncrl.model import paged_gpu
+    from asyncrl.plan.kernel_cost import gpu_paged_decode_kernel
+
+    shape = dict(num_q_heads=4, num_kv_heads=2, head_dim=128, page_size=16, pages_per_seq=64,
+                 itemsize=2)
+    # Compute blocks of 4 pages (64 positions); 64 columns in 16 partitions of 4.
+    assert paged_gpu.block_shape(16, 64) == (4, 16, 64)
+    cost = gpu_paged_decode_kernel([1, 20, 600, 0], **shape)
+    # 1, 2 and 38 live pages: one block, one block, 9 full partitions and 2 of the tenth,
+    # each rounded up to its block; keys and values of both kv heads.
+    head_page = 16 * 128 * 2
+    assert cost.kv_bytes == (4 + 4 + 40) * 2 * 2 * head_page
+    # Query heads padded to a block of 16 per kv head.
+    assert cost.flops == (1 + 1 + 10) * 2 * 2 * 2 * 16 * 64 * 128
+    # A partition wider than the table's live columns is never loaded: a short row costs
+    # its block, not the table.
+    monkeypatch.setattr(paged_gpu, "MAX_SPLITS", 1)
+    assert gpu_paged_decode_kernel([20], **shape).kv_bytes == 4 * 2 * 2 * head_page
+
+
+def test_a_paged_gpu_plan_counts_the_gpu_kernel_from_its_plan():
+    done = _plan("--config=experiments/grpo.py:tiny", "--config.rollout.page_size=4",
+                 "--trainer=1xH100", "--rollout=1xH100")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "plus the paged attention kernel" in done.stdout
+
+
 def test_splash_attention_visits_the_causal_tiles_of_its_block_plan():
     from asyncrl.plan.kernel_cost import splash_attention
 

@@ -86,11 +86,13 @@ class PagedKVCache:
         return _attend_gather(cache, q, positions, dtype), cache
 
 
-def resolve_backend(backend: str, head_dim: int | None = None) -> str:
+def resolve_backend(backend: str, head_dim: int | None = None,
+                    platform: str | None = None) -> str:
     """"auto": the platform's decode kernel when compiling for a TPU or a GPU and it can take
     the shape, else the gather. The TPU kernel tiles head_dim by TPU lanes: it needs a
     multiple of 128 (Qwen2.5-0.5B's 64 cannot); the GPU kernel's dots need a multiple of
-    16. A kernel named for a shape it cannot take is an error."""
+    16. A kernel named for a shape it cannot take is an error. `platform`: what the program
+    is for (default: what this trace compiles for)."""
     from asyncrl.model.attention import target_platform
 
     if backend not in BACKENDS:
@@ -102,7 +104,7 @@ def resolve_backend(backend: str, head_dim: int | None = None) -> str:
     if backend != "auto":
         return backend
     kernel = {"tpu": "tpu_ragged", "gpu": "gpu_paged", "cuda": "gpu_paged"}.get(
-        target_platform())
+        platform or target_platform())
     fits = kernel is not None and (head_dim is None or head_dim % _HEAD_DIM_MULTIPLE[kernel] == 0)
     return kernel if fits else "gather"
 

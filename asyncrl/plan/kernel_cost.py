@@ -13,6 +13,9 @@ in one grid step:
     arguments (row order, lengths, first blocks, the flat page table, the layer) once;
   - each of a row's blocks computes, per kv head, 2 matmuls of 2 * G * (pages per block *
     page size) * H FLOPs, masked positions of its last block included.
+The GPU paged decode (asyncrl/model/paged_gpu.py) is counted the same way from its plan
+(`gpu_paged_decode_kernel`): on a GPU the planner compiles a CPU stand-in whose gather reads
+one page-table column, and adds this.
 """
 
 from __future__ import annotations
@@ -57,14 +60,42 @@ def paged_decode_kernel(kv_lens: Sequence[int], *, num_q_heads: int, num_kv_head
     return KernelCost(float(flops), kv_bytes + queries + scalars, kv_bytes)
 
 
+def gpu_paged_decode_kernel(kv_lens: Sequence[int], *, num_q_heads: int, num_kv_heads: int,
+                            head_dim: int, page_size: int, pages_per_seq: int,
+                            itemsize: int) -> KernelCost:
+    """One call of the GPU paged decode (asyncrl/model/paged_gpu.py): per row and kv head,
+    each partition's pages below the row's length in whole compute blocks, keys and values;
+    the padded query block in, each partition's output block and its softmax sums and maxima
+    (float32) out."""
+    from asyncrl.model.paged_gpu import HEADS_PER_BLOCK, block_plan
+
+    kv_lens = np.asarray(kv_lens, np.int64)
+    if (kv_lens < 0).any():
+        raise ValueError("kv_lens must be >= 0")
+    plan = block_plan(kv_lens, page_size=page_size, width=pages_per_seq)
+    head_bytes = page_size * head_dim * itemsize  # one kv head's keys of one page
+    kv_bytes = float(plan["pages_loaded"] * num_kv_heads * 2 * head_bytes)
+    rows = len(kv_lens)
+    groups = num_q_heads // num_kv_heads
+    padded = -(-groups // HEADS_PER_BLOCK) * HEADS_PER_BLOCK
+    queries = rows * num_kv_heads * padded * head_dim * itemsize
+    partials = rows * plan["splits"] * num_kv_heads * padded * (head_dim * itemsize + 2 * 4)
+    tables = 4 * rows * (pages_per_seq + 1)
+    block_len = plan["pages_per_block"] * page_size
+    flops = plan["blocks"] * num_kv_heads * 2 * 2 * padded * block_len * head_dim
+    return KernelCost(float(flops), kv_bytes + queries + partials + tables, kv_bytes)
+
+
 def paged_decode_attention(model, kv_lens: Sequence[int], *, page_size: int,
-                           pages_per_row: int, cache_dtype=None) -> KernelCost:
+                           pages_per_row: int, cache_dtype=None,
+                           backend: str = "tpu_ragged") -> KernelCost:
     """The kernel calls of one decode step of `model` (a ModelConfig), every layer: one
     query per row, each row of the engine's B slots holding its kv_len tokens (0 for a slot
-    that is not running: it reads no page)."""
+    that is not running: it reads no page). `backend`: "tpu_ragged" or "gpu_paged"."""
     import jax.numpy as jnp
 
-    one = paged_decode_kernel(
+    count = {"tpu_ragged": paged_decode_kernel, "gpu_paged": gpu_paged_decode_kernel}[backend]
+    one = count(
         kv_lens, num_q_heads=model.num_heads, num_kv_heads=model.num_kv_heads,
         head_dim=model.head_dim, page_size=page_size, pages_per_seq=pages_per_row,
         itemsize=jnp.dtype(cache_dtype or model.param_dtype).itemsize)

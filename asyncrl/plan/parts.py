@@ -351,11 +351,13 @@ def _compiled(fn, args, devices, donate_argnums=()):
         return float(needed.group(1)) * scale
 
 
-def _engine_programs(spec, model, devices) -> tuple:
+def _engine_programs(spec, model, devices, gpu_stand_in: bool = False) -> tuple:
     """An instance's engine and its decode dispatch and prefill chunk as the run jits them:
     (engine, (decode, args), (prefill, args)), abstract. Its own options: "auto" attention
     resolves when traced for the target (compile_for sets its device), to the TPU kernel or
-    the gather as the run would."""
+    the gather as the run would. `gpu_stand_in`: the decode of a GPU instance whose pages the
+    GPU kernel reads, compiled for this CPU: the gather reads one page-table column, and the
+    kernel is counted from its plan instead (asyncrl/plan/kernel_cost.py)."""
     import jax
     import jax.numpy as jnp
 
@@ -370,10 +372,12 @@ def _engine_programs(spec, model, devices) -> tuple:
                     prompt_buckets=(spec.rollout.prompt_bucket,), sampling=sampling,
                     **kv.engine_kwargs())
     state = jax.eval_shape(engine._empty_state)
+    width = 1 if gpu_stand_in else engine.pages_per_row
     table = (None if engine.page_size is None else
-             jax.ShapeDtypeStruct((engine.num_slots, engine.pages_per_row), jnp.int32))
+             jax.ShapeDtypeStruct((engine.num_slots, width), jnp.int32))
     decode = functools.partial(  # the engine's own dispatch, as it jits it
-        _generate, graphdef, steps=engine.decode_steps, attention=kv.attention, seed=0,
+        _generate, graphdef, steps=engine.decode_steps,
+        attention="gather" if gpu_stand_in else kv.attention, seed=0,
         sampling=sampling, stop_tokens=engine.stop_tokens, max_len=max_len)
     row = jax.eval_shape(engine._new_row)
     tokens = jax.ShapeDtypeStruct((1, spec.rollout.prompt_bucket), jnp.int32)
@@ -395,15 +399,21 @@ def rollout_part(spec, model, accelerator) -> tuple[Part, dict]:
         raise UserError(f"the rollout's {accelerator.chips} chips do not split into instances "
                         f"of mesh.devices_per_instance = {per_instance}")
     devices = _devices(accelerator, per_instance)
-    engine, (decode, decode_args), (prefill, prefill_args) = _engine_programs(spec, model,
-                                                                             devices)
+    # The paged decode kernel the instance calls, if any: what "auto" resolves to for the
+    # compile below (a GPU's stand-in is this CPU: resolved for a GPU instead).
+    kernel = None
+    if spec.rollout.kv_options().page_size is not None:
+        with jax.default_device(devices[0]):
+            backend = resolve_backend(spec.rollout.attention, model.head_dim,
+                                      "gpu" if accelerator.kind == "gpu" else None)
+        kernel = backend if backend != "gather" else None
+    stand_in = kernel == "gpu_paged"
+    engine, (decode, decode_args), (prefill, prefill_args) = _engine_programs(
+        spec, model, devices, stand_in)
     params, state = decode_args[:2]
     pages = engine.num_pages if engine.page_size is not None else engine.num_slots
     pieces = {"params_bytes": _nbytes(params), "kv_bytes": _nbytes(state.cache),
               "kv_pages": pages, "page_size": engine.page_size or engine.max_len}
-    with jax.default_device(devices[0]):  # what the compile below resolves "auto" to
-        kernel = (engine.page_size is not None and resolve_backend(
-            spec.rollout.attention, model.head_dim) == "tpu_ragged")
     info = {"engine": engine, "kernel": kernel}
     start = time.perf_counter()
     decoded = _compiled(decode, decode_args, devices, (1,))
@@ -422,7 +432,7 @@ def rollout_part(spec, model, accelerator) -> tuple[Part, dict]:
         costs = {"decode_step": _cost(decoded, per=steps), "prefill_chunk": _cost(prefilled)}
     elif accelerator.kind == "gpu":
         wide = functools.cache(lambda: _engine_programs(
-            spec, model.replace(param_dtype="float32"), devices))
+            spec, model.replace(param_dtype="float32"), devices, stand_in))
         costs = {"decode_step": _stand_in_cost(
                      decoded, model, lambda: _compiled(wide()[1][0], wide()[1][1], devices,
                                                        (1,)), per=steps),

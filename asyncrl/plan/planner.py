@@ -185,8 +185,8 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
     page = rollout.pieces["page_size"]
     per_sequence = math.ceil(mean_len / page) if given.engine.page_size is not None else 1
     concurrent = min(spec.rollout.num_slots, rollout.pieces["kv_pages"] // per_sequence)
-    # The rows a steady-state step holds: every slot computes, an idle one at one token.
-    kv_lens = [round(mean_len)] * concurrent + [1] * (spec.rollout.num_slots - concurrent)
+    # The rows a steady-state step holds: every slot computes; an idle one reads no page.
+    kv_lens = [round(mean_len)] * concurrent + [0] * (spec.rollout.num_slots - concurrent)
     predicted = recommend.predictions(spec, model, given, trainer, kv_lens)
     etas = sorted({1, 2, 4, spec.staleness.eta} - {0})
     same = trainer_acc.generation == rollout_acc.generation

@@ -13,9 +13,9 @@ measured efficiency applied to the same measure of work the measurement used.
 What is counted:
   train step    the compiled step's FLOPs and bytes per chip (every loop counted), at the
                 compiled chip count (another count scales both as 1 / chips);
-  decode step   one step of the compiled dispatch, plus on TPU the paged attention kernel's
-                own cost (asyncrl/plan/kernel_cost.py) at the planned rows: every slot
-                computes, an empty one at one token;
+  decode step   one step of the compiled dispatch, plus the paged decode kernel's own cost
+                (TPU or GPU: asyncrl/plan/kernel_cost.py) at the planned rows: every slot
+                computes, an empty one reads no page;
   prefill       the compiled prompt-bucket chunk, per token;
   weight sync   the policy's bytes over the network between trainer and rollout.
 Bytes: on TPU XLA's count includes the buffers staged through VMEM at each hop; the value
@@ -223,10 +223,11 @@ def train_step(spec, model, trainer, count: float) -> Band:
                     bytes_band(cost, accelerator.kind), overhead)
 
 
-def decode_step(spec, model, rollout, kernel: bool, engine, kv_lens: list[int],
+def decode_step(spec, model, rollout, kernel: str | None, engine, kv_lens: list[int],
                 weights: float) -> tuple[Band, dict]:
     """One decode step of an instance with rows of `kv_lens` tokens (every slot), and the
-    simulator's latency model at the values."""
+    simulator's latency model at the values. `kernel`: the paged decode kernel the step
+    calls (its cost from its block plan), or None."""
     from asyncrl.model.paged import kv_bytes_per_token
 
     accelerator, chip = rollout.accelerator, rollout.accelerator.chip
@@ -248,7 +249,7 @@ def decode_step(spec, model, rollout, kernel: bool, engine, kv_lens: list[int],
             return cost
         attention = paged_decode_attention(model, lens, page_size=engine.page_size,
                                            pages_per_row=engine.pages_per_row,
-                                           cache_dtype=engine.cache_dtype)
+                                           cache_dtype=engine.cache_dtype, backend=kernel)
         return {**cost, "flops": cost["flops"] + attention.flops,
                 "bytes_accessed": cost["bytes_accessed"] + attention.bytes_accessed}
 

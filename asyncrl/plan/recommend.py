@@ -38,7 +38,7 @@ class Assignment:
 
     trainer: Part  # compiled on all of its pool
     rollout: Part  # one instance
-    kernel: bool  # the instance's decode calls the TPU paged attention kernel
+    kernel: str | None  # the paged decode kernel the instance calls: tpu_ragged, gpu_paged
     engine: object  # asyncrl.rollout.engine.Engine, abstract
 
     @property
