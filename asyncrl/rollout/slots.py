@@ -18,7 +18,8 @@ Slot lifecycle:
 
 Reading runs one call behind the device: `step` only dispatches and queues its outputs; the
 records are brought up to date (one `device_get` for everything queued) by the methods that
-read them, so a caller may dispatch several steps before reading any.
+read them, so a caller may dispatch several steps before reading any; `pop_finished(behind=1)`
+leaves the newest dispatch queued, so the host works while the device computes it.
 
 Paged engines: a sequence takes pages as it grows (`reserve="on_demand"`) or its whole budget's
 at start (`"budget"`: partial rollout off, a sequence never moves). Start is admitted by free
@@ -255,13 +256,13 @@ class Slots:
     def _sync(self, behind: int = 0) -> None:
         """Appends queued dispatches' tokens to their owners' records (one device_get): all,
         or all but the newest `behind` decode dispatches and what was queued after them."""
-        keep = len(self._pending)
-        for _ in range(behind):
-            keep = next((i for i in range(keep - 1, -1, -1)
-                         if self._pending[i][0][3] is not None), 0)  # a decode dispatch
-        if keep == 0:
+        read = len(self._pending)
+        for _ in range(behind):  # back to before the newest decode dispatch not yet left
+            read = next((i for i in range(read - 1, -1, -1) if _is_decode(self._pending[i])),
+                        0)
+        if read == 0:
             return
-        pending = [self._pending.popleft() for _ in range(keep)]
+        pending = [self._pending.popleft() for _ in range(read)]
         host = jax.device_get([outputs for outputs, _, _ in pending])
         stops = set(self.engine.stop_tokens)
         for outputs, (_, owners, version) in zip(host, pending):
@@ -283,3 +284,9 @@ class Slots:
                     record.versions.append(version)
                     if done[step, i]:
                         record.finish_reason = "stop" if token in stops else "length"
+
+
+def _is_decode(entry) -> bool:
+    """A queued decode dispatch, not a start's first tokens (which carry no `valid`)."""
+    (_, _, _, valid, _), _, _ = entry
+    return valid is not None
