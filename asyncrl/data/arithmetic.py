@@ -17,6 +17,8 @@ of distinct problems):
   add1   a + b, one digit each          add2   two digits each     add3   three digits each
   mul21  a × b, two digits by one       sub2   a - b, two digits (answer may be negative)
   mod10  (a + b) % 10, one digit each: a one-token answer
+  mul44, mul55, mul66   a × b, 4 / 5 / 6 digits each: too many problems to enumerate, so
+         partitioned problem by problem, each part listing a fixed sample (MAX_SPACE)
   echo1  a one-digit number, answered by itself: what a random tiny model learns first
 
 Styles: 'words' renders "What is 3 + 4?" (for chat models); 'compact' renders "3+4=" (for
@@ -52,9 +54,11 @@ HELDOUT_FRACTION = 0.1  # of a kind's space, for each of validation and test
 # one of its ten digits to a one-problem "held-out set").
 MIN_SPACE_FOR_HELDOUT = 100
 # The partition hashes and sorts a kind's whole space once, at 8 bytes a problem: 10^7
-# problems is 80 MB and a second or two; a larger space needs a partition that does not
-# enumerate it.
+# problems is 80 MB and a second or two. A larger space is partitioned problem by problem,
+# by where its hash falls (the same fractions, without enumerating it), and each of its
+# parts lists a fixed sample of PART_SAMPLE problems, drawn once for every seed.
 MAX_SPACE = 10 ** 7
+PART_SAMPLE = 10_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,9 +83,6 @@ class Kind:
         if not self.operand_ranges or any(len(r) == 0 for r in self.operand_ranges):
             raise ValueError(f"arithmetic kind {self.name!r}: every operand range must be "
                              f"non-empty, got {self.operand_ranges}")
-        if self.size > MAX_SPACE:
-            raise ValueError(f"arithmetic kind {self.name!r}: {self.size} problems, more than "
-                             f"the {MAX_SPACE} whose held-out partition can be enumerated")
 
     @property
     def size(self) -> int:
@@ -127,6 +128,42 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
+def _enumerable(kind: Kind) -> bool:
+    return kind.size <= MAX_SPACE
+
+
+def _parts_by_hash(kind: Kind, indices: np.ndarray) -> np.ndarray:
+    """A large kind's part of each problem: its hash's place in [0, 2^64) (0 test, 1
+    validation, 2 train), HELDOUT_FRACTION of the range for each held-out part."""
+    band = np.uint64(int(HELDOUT_FRACTION * 2 ** 64))
+    hashes = _stable_hash(kind.name, np.asarray(indices, np.int64))
+    return np.where(hashes < band, 0, np.where(hashes < 2 * band, 1, 2))
+
+
+def _held_out(kind: Kind, index: int) -> bool:
+    """Whether problem `index` of `kind` is a validation or test problem: training never
+    draws it."""
+    if _enumerable(kind):
+        return bool(_heldout_mask(kind)[index])
+    return kind.has_heldout and int(_parts_by_hash(kind, np.asarray([index]))[0]) < 2
+
+
+@functools.cache
+def _sampled_part(kind: Kind, part: str) -> np.ndarray:
+    """PART_SAMPLE distinct problems of one part of a large kind, ascending: the first ones
+    a stream fixed by the kind's name draws into that part."""
+    code = {"test": 0, "validation": 1, "train": 2}[part]
+    rng = np.random.default_rng([_name_salt(kind.name), code])
+    kept: dict[int, None] = {}
+    while len(kept) < PART_SAMPLE:
+        draws = rng.integers(0, kind.size, size=4 * PART_SAMPLE)
+        for index in draws[_parts_by_hash(kind, draws) == code]:
+            kept.setdefault(int(index))
+            if len(kept) == PART_SAMPLE:
+                break
+    return _frozen(np.sort(np.fromiter(kept, np.int64)))
+
+
 @functools.cache
 def _heldout_ranked(kind: Kind) -> tuple[np.ndarray, np.ndarray]:
     """(test, validation) problem indices of `kind`, each ascending; empty when the kind is
@@ -149,9 +186,12 @@ def _heldout_mask(kind: Kind) -> np.ndarray:
 
 @functools.cache
 def part_of(kind: Kind, part: str) -> np.ndarray:
-    """The problem indices of one part of `kind`'s space, ascending."""
+    """The problem indices of one part of `kind`'s space, ascending (of a kind too large to
+    enumerate, its fixed sample)."""
     if part not in PARTS:
         raise ValueError(f"arithmetic task: part must be one of {PARTS}, got {part!r}")
+    if not _enumerable(kind):
+        return _sampled_part(kind, part)
     if part == "train":
         return _frozen(np.flatnonzero(~_heldout_mask(kind)))
     test, validation = _heldout_ranked(kind)
@@ -179,6 +219,10 @@ _register("sub2", (_digits(2),) * 2, lambda a, b: (f"{a} - {b}", a - b))
 _register("echo1", (_digits(1),), lambda a: (f"{a}", a))
 _register("mod10", (_digits(1),) * 2, lambda a, b: (f"({a} + {b}) % 10", (a + b) % 10))
 _register("mul21", (_digits(2), _digits(1)), lambda a, b: (f"{a} * {b}", a * b))
+# Products of 4-6 digit numbers: what a small model cannot work out in its head, and a
+# calculator can (the tool task, asyncrl/agents).
+for _n in (4, 5, 6):
+    _register(f"mul{_n}{_n}", (_digits(_n),) * 2, lambda a, b: (f"{a} * {b}", a * b))
 
 
 def _checked_kinds(kinds: tuple[str, ...], style: str) -> list[Kind]:
@@ -283,9 +327,8 @@ class ArithmeticTask:
             return self._listed[index]
         rng = np.random.default_rng([self.seed, SPLITS.index("train"), index])
         kind = self._kinds[int(rng.integers(len(self._kinds)))]
-        held_out = _heldout_mask(kind)
         operands = kind.draw(rng)
-        while held_out[kind.index_of(operands)]:  # redrawn from the same stream: still pure
+        while _held_out(kind, kind.index_of(operands)):  # redrawn from the same stream: pure
             operands = kind.draw(rng)
         return _problem(kind, operands, index, self.style)
 
