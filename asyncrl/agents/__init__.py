@@ -1,2 +1,3 @@
-"""Agents: tools a model calls inside its turns (issue 48; episodes of several turns are
-being built on these)."""
+"""Agents: the tools a model calls inside its turns (tool_calls, calculator) and the
+environments an episode of several turns talks to (environments). Episodes in the engine,
+under the per-trajectory staleness bound, are being built on these (issue 48)."""

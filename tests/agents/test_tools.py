@@ -66,3 +66,26 @@ def test_a_bad_call_is_an_error_the_model_reads_not_a_crash():
     assert run_tool(ToolCall("calculator", {"expr": "1"})) == (
         "error: 'calculator' takes arguments ['expression'], was given ['expr']")
     assert run_tool(ToolCall("calculator", {"expression": "1/0"})) == "error: division by zero"
+
+
+def test_the_calculator_environment_runs_calls_and_grades_the_final_turn():
+    from asyncrl.agents.environments import ENVIRONMENTS, Final, Observation
+    from asyncrl.data.arithmetic import ArithmeticTask
+
+    problem = ArithmeticTask(0, ("mul55",), "test")[0]
+    env = ENVIRONMENTS.build("calculator", max_tool_calls=2)
+    messages = env.reset(problem)
+    assert messages[-1] == {"role": "user", "content": problem.question}
+    assert "<tool_call>" in messages[0]["content"]  # the format, taught by example
+    expression = problem.question.removeprefix("What is ").removesuffix("?")
+    call = f'<tool_call>\n{{"name": "calculator", "arguments": {{"expression": "{expression}"}}}}'
+    assert env.step(call) == Observation(({"role": "tool", "content": problem.answer},))
+    assert env.step("<tool_call>{oops</tool_call>").messages[0]["content"].startswith(
+        "error: a tool call is not JSON")
+    assert env.step(f"The answer is {problem.answer}.") == Final(1.0)
+    assert (env.tool_calls, env.tool_errors) == (1, 1)
+    env.reset(problem)
+    assert env.step("The answer is 12.") == Final(0.0)
+    for _ in range(2):
+        assert isinstance(env.step(call), Observation)
+    assert env.step(call) == Final(0.0)  # a third call: past max_tool_calls
