@@ -29,6 +29,8 @@ gather backend there, and compile it for TPU topologies.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +52,25 @@ def pages_per_block(page_size: int, width: int) -> int:
     return max(1, min(width, BLOCK_POSITIONS // page_size))
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The static shape of one call: what the kernel's loops and copies are built from."""
+    page_size: int
+    width: int  # page-table columns
+    per_block: int  # pages a block copies at most
+    kv_heads: int
+    groups: int  # query heads per kv head
+    head_dim: int
+
+    @property
+    def block_len(self) -> int:
+        return self.per_block * self.page_size
+
+    @property
+    def page_rows(self) -> int:  # a page as [ps * 2K, H] rows
+        return self.page_size * 2 * self.kv_heads
+
+
 def paged_decode(q: jax.Array, pages: jax.Array, page_table: jax.Array, kv_lens: jax.Array,
                  layer: jax.Array, *, sm_scale: float, interpret: bool = False) -> jax.Array:
     """Attention of one query per row over its first kv_lens positions, through its pages
@@ -57,14 +78,11 @@ def paged_decode(q: jax.Array, pages: jax.Array, page_table: jax.Array, kv_lens:
     batch, num_heads, head_dim = q.shape
     _, num_pages, page_size, combined, _ = pages.shape
     width = page_table.shape[1]
-    kv_heads = combined // 2
-    groups = num_heads // kv_heads
-    per_block = pages_per_block(page_size, width)
-    block_len = per_block * page_size
-    page_rows = page_size * combined
+    plan = _Plan(page_size, width, pages_per_block(page_size, width), combined // 2,
+                 num_heads // (combined // 2), head_dim)
 
     kv_lens = kv_lens.astype(jnp.int32)
-    blocks = -(-(-(-kv_lens // page_size)) // per_block)
+    blocks = -(-(-(-kv_lens // page_size)) // plan.per_block)
     order = jnp.argsort(kv_lens == 0, stable=True).astype(jnp.int32)
     # The global index of each row's first block: its parity picks the buffer, so a row's
     # first block lands in the buffer the previous row's last block did not use.
@@ -72,82 +90,6 @@ def paged_decode(q: jax.Array, pages: jax.Array, page_table: jax.Array, kv_lens:
     # Flat: SMEM pads a 2-D array's rows.
     table = jnp.minimum(page_table, num_pages - 1).astype(jnp.int32).reshape(-1)
     layer = jnp.reshape(layer, (1,)).astype(jnp.int32)
-
-    def kernel(order_ref, lens_ref, first_ref, table_ref, layer_ref, q_ref, pool_ref, o_ref,
-               buf, sems):
-        step = pl.program_id(0)
-
-        def row_pages(i):
-            return (lens_ref[order_ref[i]] + page_size - 1) // page_size
-
-        def copies(i, j):
-            """(copy needed, DMA) for each page of row order[i]'s block j."""
-            row, held = order_ref[i], row_pages(i)
-            slot = (first_ref[i] + j) % 2
-            out = []
-            for p in range(per_block):
-                column = j * per_block + p
-                page = table_ref[row * width + jnp.minimum(column, width - 1)]
-                rows = pl.ds(p * page_rows, page_rows)
-                out.append((column < held, pltpu.make_async_copy(
-                    pool_ref.at[layer_ref[0], page], buf.at[slot, rows], sems.at[slot])))
-            return out
-
-        def start(i, j):
-            for needed, copy in copies(i, j):
-                pl.when(needed)(copy.start)
-
-        def wait(i, j):
-            for needed, copy in copies(i, j):
-                pl.when(needed)(copy.wait)
-
-        @pl.when(step == 0)
-        def _first():
-            # Positions past a row's length in its last block hold whatever an earlier block
-            # left (finite) or, before any copy, uninitialised VMEM: zero it once, since a
-            # masked score times a NaN value is still NaN.
-            buf[...] = jnp.zeros(buf.shape, buf.dtype)
-            start(0, 0)
-
-        length = lens_ref[order_ref[step]]
-        num_blocks = (row_pages(step) + per_block - 1) // per_block
-
-        def block(j, carry):
-            @pl.when(j + 1 < num_blocks)
-            def _next_block():
-                start(step, j + 1)
-
-            @pl.when((j + 1 == num_blocks) & (step + 1 < pl.num_programs(0)))
-            def _next_row():
-                start(jnp.minimum(step + 1, pl.num_programs(0) - 1), 0)
-
-            wait(step, j)
-            slot = (first_ref[step] + j) % 2
-            keys, values = _split_heads(buf.at[slot], block_len, kv_heads, interpret)
-            positions = j * block_len + jax.lax.broadcasted_iota(jnp.int32, (1, block_len), 1)
-            live = positions < length
-            out = []
-            for h, (m, l, acc) in enumerate(carry):
-                q_h = q_ref[0, h * groups:(h + 1) * groups, :]
-                s = jax.lax.dot_general(q_h, keys[h], (((1,), (1,)), ((), ())),
-                                        preferred_element_type=jnp.float32) * sm_scale
-                s = jnp.where(live, s, _MASKED)
-                m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
-                p = jnp.exp(s - m_new)
-                alpha = jnp.exp(m - m_new)
-                pv = jax.lax.dot_general(p.astype(values[h].dtype), values[h],
-                                         (((1,), (0,)), ((), ())),
-                                         preferred_element_type=jnp.float32)
-                out.append((m_new, alpha * l + p.sum(axis=1, keepdims=True), alpha * acc + pv))
-            return tuple(out)
-
-        init = tuple((jnp.full((groups, 1), _MASKED, jnp.float32),
-                      jnp.zeros((groups, 1), jnp.float32),
-                      jnp.zeros((groups, head_dim), jnp.float32)) for _ in range(kv_heads))
-        final = jax.lax.fori_loop(0, num_blocks, block, init)
-        for h, (_, l, acc) in enumerate(final):
-            o_ref[0, h * groups:(h + 1) * groups, :] = (
-                acc / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
 
     def row_block(i, order_ref, *_):
         return (order_ref[i], 0, 0)
@@ -157,17 +99,101 @@ def paged_decode(q: jax.Array, pages: jax.Array, page_table: jax.Array, kv_lens:
         in_specs=[pl.BlockSpec((1, num_heads, head_dim), row_block),
                   pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec((1, num_heads, head_dim), row_block),
-        scratch_shapes=[pltpu.VMEM((2, per_block * page_size * combined, head_dim), pages.dtype),
+        scratch_shapes=[pltpu.VMEM((2, plan.per_block * plan.page_rows, head_dim), pages.dtype),
                         pltpu.SemaphoreType.DMA((2,))])
     call = pl.pallas_call(
-        kernel, grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        functools.partial(_kernel, plan=plan, sm_scale=sm_scale, interpret=interpret),
+        grid_spec=grid_spec, out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         # The grid is walked in order: each step starts the copies of the next one's block.
         compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)),
         interpret=pltpu.InterpretParams() if interpret else False)
     # Each page as [ps * 2K, H] rows (free: the pool is contiguous), so a page's DMA lands in
     # a flat block buffer whose rows a strided load splits per kv head.
-    pool = pages.reshape(*pages.shape[:2], page_rows, head_dim)
+    pool = pages.reshape(*pages.shape[:2], plan.page_rows, head_dim)
     return call(order, kv_lens, first_block, table, layer, q, pool)
+
+
+def _kernel(order_ref, lens_ref, first_ref, table_ref, layer_ref, q_ref, pool_ref, o_ref, buf,
+            sems, *, plan: _Plan, sm_scale: float, interpret: bool):
+    """Grid step i: row order[i], its blocks in turn (module docstring)."""
+    step = pl.program_id(0)
+
+    def row_pages(i):
+        return (lens_ref[order_ref[i]] + plan.page_size - 1) // plan.page_size
+
+    def copies(i, j):
+        """(copy needed, DMA) for each page of row order[i]'s block j."""
+        row, held = order_ref[i], row_pages(i)
+        slot = (first_ref[i] + j) % 2
+        out = []
+        for p in range(plan.per_block):
+            column = j * plan.per_block + p
+            page = table_ref[row * plan.width + jnp.minimum(column, plan.width - 1)]
+            rows = pl.ds(p * plan.page_rows, plan.page_rows)
+            out.append((column < held, pltpu.make_async_copy(
+                pool_ref.at[layer_ref[0], page], buf.at[slot, rows], sems.at[slot])))
+        return out
+
+    def start(i, j):
+        for needed, copy in copies(i, j):
+            pl.when(needed)(copy.start)
+
+    def wait(i, j):
+        for needed, copy in copies(i, j):
+            pl.when(needed)(copy.wait)
+
+    @pl.when(step == 0)
+    def _first():
+        # Positions past a row's length in its last block hold whatever an earlier block
+        # left (finite) or, before any copy, uninitialised VMEM: zero it once, since a
+        # masked score times a NaN value is still NaN.
+        buf[...] = jnp.zeros(buf.shape, buf.dtype)
+        start(0, 0)
+
+    length = lens_ref[order_ref[step]]
+    num_blocks = (row_pages(step) + plan.per_block - 1) // plan.per_block
+
+    def block(j, carry):
+        @pl.when(j + 1 < num_blocks)
+        def _next_block():
+            start(step, j + 1)
+
+        @pl.when((j + 1 == num_blocks) & (step + 1 < pl.num_programs(0)))
+        def _next_row():
+            start(jnp.minimum(step + 1, pl.num_programs(0) - 1), 0)
+
+        wait(step, j)
+        slot = (first_ref[step] + j) % 2
+        keys, values = _split_heads(buf.at[slot], plan.block_len, plan.kv_heads, interpret)
+        positions = j * plan.block_len + jax.lax.broadcasted_iota(
+            jnp.int32, (1, plan.block_len), 1)
+        live = positions < length
+        g = plan.groups
+        return tuple(_online_softmax(state, q_ref[0, h * g:(h + 1) * g, :], keys[h], values[h],
+                                     live, sm_scale) for h, state in enumerate(carry))
+
+    init = tuple((jnp.full((plan.groups, 1), _MASKED, jnp.float32),
+                  jnp.zeros((plan.groups, 1), jnp.float32),
+                  jnp.zeros((plan.groups, plan.head_dim), jnp.float32))
+                 for _ in range(plan.kv_heads))
+    final = jax.lax.fori_loop(0, num_blocks, block, init)
+    for h, (_, l, acc) in enumerate(final):
+        o_ref[0, h * plan.groups:(h + 1) * plan.groups, :] = (
+            acc / jnp.where(l > 0, l, 1.0)).astype(o_ref.dtype)
+
+
+def _online_softmax(state, q, keys, values, live, sm_scale):
+    """One kv head's running (max, sum, output) after one more block of its keys and values."""
+    m, l, acc = state
+    s = jax.lax.dot_general(q, keys, (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * sm_scale
+    s = jnp.where(live, s, _MASKED)
+    m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+    p = jnp.exp(s - m_new)
+    alpha = jnp.exp(m - m_new)
+    pv = jax.lax.dot_general(p.astype(values.dtype), values, (((1,), (0,)), ((), ())),
+                             preferred_element_type=jnp.float32)
+    return m_new, alpha * l + p.sum(axis=1, keepdims=True), alpha * acc + pv
 
 
 def _split_heads(block_ref, positions: int, kv_heads: int, interpret: bool):
