@@ -7,6 +7,8 @@ every run serves the same requests through test_paged's `_serve`. Interpreted, a
 call costs milliseconds of host work per layer: the workload is small.
 """
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -19,13 +21,21 @@ CONFIG = ModelConfig.tiny(head_dim=128)
 MAX_LEN, PAGE, SLOTS = 32, 8, 4
 # (prompt length, group size, budget): on and off page boundaries, groups of 1-2.
 REQUESTS = [(3, 1, 6), (8, 2, 12), (11, 1, 9), (5, 2, 17), (9, 1, 4)]
+# (temperature, steps per dispatch, pages): a pool of 6 pages holds 48 positions for four
+# slots that want up to 28 each, so rows are preempted and resumed.
+SETTINGS = {"sampled_k1": (1.0, 1, None), "sampled_k2_short": (1.0, 2, 6),
+            "greedy_k3_short": (0.0, 3, 6), "sampled_k4": (1.0, 4, None)}
 
 
 @pytest.fixture(scope="module")
 def served():
+    """(setting, backend) -> `_serve`'s result, each run once per process and only when a
+    test asks for it: the test workers split the tests, not the interpreted runs."""
     graphdef, params = init_params(CONFIG, seed=0)
 
-    def run(attention, temperature, steps, num_pages=None):
+    @functools.cache
+    def run(name, attention):
+        temperature, steps, num_pages = SETTINGS[name]
         engine = Engine(graphdef, CONFIG, num_slots=SLOTS, max_len=MAX_LEN,
                         prompt_buckets=(8, 16), stop_tokens=(), max_new_tokens=MAX_LEN,
                         sampling=SamplingParams(temperature=temperature), seed=3,
@@ -33,20 +43,14 @@ def served():
                         attention=attention)
         return _serve(engine, params, REQUESTS)
 
-    # (temperature, steps per dispatch, pages): a pool of 6 pages holds 48 positions for
-    # four slots that want up to 28 each, so rows are preempted and resumed.
-    settings = {"sampled_k1": (1.0, 1, None), "sampled_k2_short": (1.0, 2, 6),
-                "greedy_k3_short": (0.0, 3, 6), "sampled_k4": (1.0, 4, None)}
-    return {(name, backend): run(backend, *setting) for name, setting in settings.items()
-            for backend in ("gather", "tpu_ragged", "gpu_paged")}
+    return run
 
 
 @pytest.mark.parametrize("backend", ["tpu_ragged", "gpu_paged"])
-@pytest.mark.parametrize("name", ["sampled_k1", "sampled_k2_short", "greedy_k3_short",
-                                  "sampled_k4"])
+@pytest.mark.parametrize("name", list(SETTINGS))
 def test_the_kernel_gives_the_gathers_tokens(served, name, backend):
-    reference, _, _ = served[name, "gather"]
-    records, preempted, slots = served[name, backend]
+    reference, _, _ = served(name, "gather")
+    records, preempted, slots = served(name, backend)
     assert sorted(records) == sorted(reference)
     assert len(records) == sum(g for _, g, _ in REQUESTS)
     if name.endswith("_short"):
