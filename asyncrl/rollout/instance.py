@@ -2,11 +2,9 @@
 
 The thread loops: apply the driver's commands (drop aborted work, hand trajectories back),
 pull newer weights if a sync was asked for, fill free slots from its queue, run one decode
-dispatch, and report finished trajectories. At one decode step per dispatch it reports those
-of the dispatch before the newest: the host reads, reports and refills while the device
-computes, and a finished slot waits one step more to be refilled. At k steps per dispatch
-the host's work is already spread over k steps, and reading behind would idle a finished
-slot k steps more: it reads the newest (benchmarks/engine.py, docs/results.md). New weights
+dispatch, and report finished trajectories. It reads the newest dispatch: reading the one
+before (`Slots.pop_finished(behind=1)`, the host's work beside the device's) measured within
+this CPU's noise (benchmarks/engine.py, docs/results.md) and is not used here yet. New weights
 are swapped in between two decode dispatches without draining the slots (partial rollout:
 tokens so far are kept and the rest come from the new version, each token tagged with its
 version). With partial rollout off, a sync waits instead until the running trajectories
@@ -25,7 +23,7 @@ Its state, `snapshot()`, is the one `asyncrl.records.InstanceState` the coordina
 The driver calls `submit` and the `request_*` methods from its own thread.
 
 A stuck engine: the snapshot says how long the engine call in progress (a prefill, or a
-decode dispatch with the wait for the one before) has run (`stalled_s`), from the second
+decode dispatch with the wait for its tokens) has run (`stalled_s`), from the second
 call of each kind on (the first compiles, which on a loaded host takes minutes; a paged
 decode's kind names its page-table width, each width a program of its own:
 `Slots.dispatch_kind`). The driver's watchdog calls `fail` on an instance stuck past its
@@ -78,7 +76,6 @@ class RolloutInstance:
         # a paged one is given its whole budget's pages at admission and is never preempted.
         self.slots = Slots(engine, reserve="on_demand" if partial_rollout else "budget",
                            preemption=preemption)
-        self._read_behind = 1 if engine.decode_steps == 1 else 0  # module docstring
         self._pull_weights = pull
         self._sink = sink
         self._reporter = reporter
@@ -193,7 +190,7 @@ class RolloutInstance:
                     self._preempt()
                     with self._engine_call(self.slots.dispatch_kind()):
                         state = self.slots.step(self._params, state, version=self._version)
-                        finished = self.slots.pop_finished(behind=self._read_behind)
+                        finished = self.slots.pop_finished()
                     self._report_finished(finished)
                     self._decode_s += time.perf_counter() - start
                     self._decode_steps += 1
