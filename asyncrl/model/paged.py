@@ -29,6 +29,7 @@ cannot touch pages handed to another sequence.
 from __future__ import annotations
 
 import importlib
+import logging
 
 import flax.struct
 import jax
@@ -102,6 +103,8 @@ def resolve_backend(backend: str, head_dim: int | None = None,
             raise ValueError(f"the {kernel} attention kernel needs head_dim a multiple of "
                              f"{multiple}, the model's is {head_dim}: use 'auto' or 'gather'")
     if backend != "auto":
+        if backend in _DECODE_KERNELS:
+            _warn_if_interpreted(backend, platform or target_platform())
         return backend
     kernel = {"tpu": "tpu_ragged", "gpu": "gpu_paged", "cuda": "gpu_paged"}.get(
         platform or target_platform())
@@ -110,6 +113,17 @@ def resolve_backend(backend: str, head_dim: int | None = None,
 
 
 _HEAD_DIM_MULTIPLE = {"tpu_ragged": 128, "gpu_paged": 16}
+
+
+def _warn_if_interpreted(backend: str, platform: str) -> None:
+    """A kernel named off its platform runs in Pallas' interpreter (how tests check it on a
+    CPU): correct, and orders of magnitude slower, so it is said, not silent."""
+    module = importlib.import_module(_DECODE_KERNELS[backend])
+    if platform not in module.PLATFORMS:
+        logging.getLogger(__name__).warning(
+            "rollout attention %r runs on %s in Pallas' interpreter (it compiles only on %s): "
+            "correct but very slow; 'auto' picks what this platform runs", backend, platform,
+            "/".join(module.PLATFORMS))
 
 
 def _attend_gather(cache: PagedKVCache, q, positions, dtype):

@@ -60,10 +60,12 @@ def _compiled_step(config: ModelConfig, num_seqs: int, max_len: int, page_size: 
     each shape once."""
     devices = topology_devices(topology)
     graphdef, params = abstract_params(config)
-    # The engine's own empty state, so the shapes cannot drift from what it runs.
-    engine = Engine(graphdef, config, num_slots=num_seqs, max_len=max_len,
-                    prompt_buckets=(max_len,), sampling=sampling, cache_dtype=cache_dtype,
-                    page_size=page_size, num_pages=num_pages, attention="tpu_ragged")
+    # The engine's own empty state, so the shapes cannot drift from what it runs; built for
+    # the TPU, where its kernel compiles.
+    with jax.default_device(devices[0]):
+        engine = Engine(graphdef, config, num_slots=num_seqs, max_len=max_len,
+                        prompt_buckets=(max_len,), sampling=sampling, cache_dtype=cache_dtype,
+                        page_size=page_size, num_pages=num_pages, attention="tpu_ragged")
     state = jax.eval_shape(engine._empty_state)
     table = (None if page_size is None else
              jax.ShapeDtypeStruct((num_seqs, max_len // page_size), jnp.int32))

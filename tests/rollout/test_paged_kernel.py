@@ -60,3 +60,15 @@ def test_the_kernel_gives_the_gathers_tokens(served, name, backend):
         np.testing.assert_allclose(record.logprobs, reference[tid].logprobs, atol=1e-4)
     table = slots.pages
     assert table.free == table.num_pages and not table.slots, "pages leaked"
+
+
+def test_a_kernel_named_off_its_platform_says_it_runs_interpreted(caplog):
+    from asyncrl.model.paged import resolve_backend
+
+    with caplog.at_level("WARNING", logger="asyncrl.model.paged"):
+        assert resolve_backend("tpu_ragged", 128, "cpu") == "tpu_ragged"
+    assert "Pallas' interpreter" in caplog.text and "tpu" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="asyncrl.model.paged"):
+        assert resolve_backend("tpu_ragged", 128, "tpu") == "tpu_ragged"
+    assert caplog.text == ""
