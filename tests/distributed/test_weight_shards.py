@@ -1,0 +1,232 @@
+"""Weights served where they live (asyncrl/distributed/weight_shards.py).
+
+In this process, on 8 CPU devices: the bucket layout covers every byte of every leaf once, a
+round trip through a transfer server gives the weights back bit for bit, a bucket of another
+version or a damaged one is refused by name, and an offer nobody pulls is drained.
+
+Across hosts emulated in network namespaces (launch/emulated_hosts.py), as plain processes
+(benchmarks/shard_node.py) each bound to its host's own address: a trainer group of two
+processes on two hosts holding a 256 MB float32 model sharded over both, three rollout hosts
+pulling it in bfloat16 through a relay tree. Needs root and iproute2 (CI runs as root):
+without them the tests fail, naming what is missing.
+"""
+
+import importlib.util
+import os
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from asyncrl.distributed import weight_shards as ws
+from benchmarks import shard_cluster as sc
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FANOUT = 2  # the trainer serves each version to at most two hosts
+
+
+# ------------------------------------------------------------------ in this process
+
+
+def _leaves(mesh):
+    key = jax.random.PRNGKey(0)
+    return [
+        jax.device_put(jax.random.normal(key, (64, 48)), NamedSharding(mesh, P("fsdp"))),
+        jax.device_put(jnp.arange(10, dtype=jnp.float32), NamedSharding(mesh, P())),
+        jax.device_put(jax.random.normal(key, (8, 16, 5)).astype(jnp.bfloat16),
+                       NamedSharding(mesh, P(None, "fsdp"))),
+    ]
+
+
+@pytest.fixture(scope="module")
+def four():
+    mesh = Mesh(np.asarray(jax.devices()[:4]), ("fsdp",))
+    return mesh, _leaves(mesh)
+
+
+def test_the_layout_carries_every_byte_of_every_leaf_once_in_bounded_buckets(four):
+    mesh, leaves = four
+    for bucket_bytes in (4, 100, 1000, 1 << 20):
+        layout = ws.plan_layout(leaves, bucket_bytes, "bfloat16")
+        covered = {}
+        for bucket in layout.buckets:
+            assert 0 < bucket.nbytes <= bucket_bytes
+            assert sum(s.hi - s.lo for s in bucket.segments) == bucket.nbytes
+            for s in bucket.segments:
+                covered.setdefault((s.leaf, s.box), []).append((s.lo, s.hi))
+        for i, leaf in enumerate(leaves):
+            # The replicated leaf travels once; each sharded one once per shard.
+            boxes = {ws._box(index, leaf.shape)
+                     for index in leaf.sharding.devices_indices_map(leaf.shape).values()}
+            assert {box for (j, box) in covered if j == i} == boxes
+            for box in boxes:
+                ranges = sorted(covered[(i, box)])
+                size = int(np.prod([b - a for a, b in box])) * 2  # bfloat16
+                assert ranges[0][0] == 0 and ranges[-1][1] == size
+                assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+        assert layout.nbytes == sum(x.size * 2 for x in leaves)
+
+
+def test_a_round_trip_through_a_transfer_server_is_bit_identical_and_torn_buckets_are_named(four):
+    mesh, leaves = four
+    layout = ws.plan_layout(leaves, 256, "bfloat16")
+    holder = ws.ShardHolder()
+    holder.stage(3, ws.stage_buckets(layout, 3, leaves))
+    offers = ws.offers_from_trainer(layout, {0: holder}, 3, "test")
+    got = ws.pull_buckets(holder, offers, layout, 3, jax.devices()[5])
+    holder.pulled([u for _, ids in offers for u in ids.values()])
+    out = ws.assemble(layout, got, [NamedSharding(Mesh(np.asarray(jax.devices()[4:6]), ("tp",)),
+                                                  P())] * len(leaves))
+    for got_leaf, leaf in zip(out, leaves):
+        want = np.asarray(leaf.astype(jnp.bfloat16))
+        assert got_leaf.dtype == jnp.bfloat16 and got_leaf.shape == leaf.shape
+        assert np.array_equal(np.asarray(got_leaf).view(np.uint16), want.view(np.uint16))
+        assert {d.id for d in got_leaf.sharding.device_set} == {4, 5}
+    with pytest.raises(ws.TornWeights, match=r"bucket 0 of version 4 from h: it is bucket 0 "
+                                             r"of version 3"):
+        ws.verify(got[0], layout, 0, 4, "h")
+    with pytest.raises(ws.TornWeights, match=r"bucket 2 of version 3 from h: it is bucket 1"):
+        ws.verify(got[1], layout, 2, 3, "h")
+    with pytest.raises(ws.TornWeights, match="damaged in transit"):
+        ws.verify(got[1].at[7].add(1), layout, 1, 3, "h")
+    with pytest.raises(ws.TornWeights, match=r"assembling without bucket\(s\) \[0\]"):
+        ws.assemble(layout, {b: a for b, a in got.items() if b})
+    assert holder.offer(2, [0], "test") is None  # a version it never held
+
+
+def test_an_offer_no_one_pulls_is_drained_and_staging_keeps_one_version(four):
+    mesh, leaves = four
+    layout = ws.plan_layout(leaves, 512, "bfloat16")
+    holder = ws.ShardHolder()
+    holder.stage(1, ws.stage_buckets(layout, 1, leaves))
+    one = holder.staged_bytes()
+    ghost = holder.offer(1, layout.bucket_ids(), "a puller that died")
+    holder.stage(2, ws.stage_buckets(layout, 2, leaves))
+    assert holder.staged_bytes() == 2 * one  # version 1 stays while offers of it are out
+    holder.abandoned(list(ghost.values()))
+    assert holder.staged_bytes() == one and holder.holds(2) and not holder.holds(1)
+    holder.stage(3, ws.stage_buckets(layout, 3, leaves))
+    assert holder.staged_bytes() == one  # nothing out: the new version replaces the old
+
+
+def test_the_relay_tree_bounds_what_the_trainer_serves():
+    assert [ws.parent(h, 2) for h in range(7)] == [None, None, 0, 0, 1, 1, 2]
+    assert [ws.parent(h, 1) for h in range(4)] == [None, 0, 1, 2]
+    for hosts in range(1, 40):
+        for fanout in (1, 2, 3):
+            parents = [ws.parent(h, fanout) for h in range(hosts)]
+            assert sum(p is None for p in parents) == min(fanout, hosts)
+            assert all(p is None or p < h for h, p in enumerate(parents))
+            assert max([parents.count(h) for h in range(hosts)]) <= fanout
+
+
+# ------------------------------------------------------------------ across emulated hosts
+
+if "emulated_hosts" not in sys.modules:  # launch/ is scripts, not a package
+    _spec = importlib.util.spec_from_file_location("emulated_hosts",
+                                                   ROOT / "launch" / "emulated_hosts.py")
+    sys.modules["emulated_hosts"] = importlib.util.module_from_spec(_spec)
+    _spec.loader.exec_module(sys.modules["emulated_hosts"])
+emulated_hosts = sys.modules["emulated_hosts"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    try:
+        emulated_hosts.require_root_and_ip()
+    except RuntimeError as error:
+        pytest.fail(f"{__file__} needs root and iproute2: {error}")
+    hosts = emulated_hosts.EmulatedHosts.up(5, owner_pid=os.getpid())
+    nodes = []
+    try:
+        def on(host):
+            return lambda argv, env, **kwargs: hosts.popen(host, argv, env, **kwargs)
+
+        address = lambda i: hosts.host(f"h{i}").address  # noqa: E731
+        trainers = sc.start_trainers([on("h0"), on("h1")], ["h0", "h1"], [address(0), address(1)],
+                                     f"{address(0)}:{_free_port()}")
+        nodes += trainers
+        # h4 pauses after each bucket it pulls: the relay test kills its holder meanwhile.
+        rollouts = [sc.Node(on(f"h{i}"), f"h{i}", address(i), "rollout", "--timeout-s=10",
+                            *(["--pause-s=0.3"] if i == 4 else [])) for i in range(2, 5)]
+        nodes += rollouts
+        yield hosts, trainers, rollouts
+    finally:
+        for node in nodes:
+            node.close()
+        hosts.down()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_every_rollout_host_gets_the_trainers_weights_and_no_trainer_process_holds_the_model(
+        cluster):
+    hosts, trainers, rollouts = cluster
+    layout = sc.layout_of(trainers)
+    model_bytes = trainers[0].ready["model_bytes"]
+    assert model_bytes >= 256 * 2**20 and layout.nbytes == model_bytes // 2  # bfloat16
+    for version in (1, 2):
+        assert [s["staged"] for s in sc.stage(trainers, version)] == [version, version]
+        # Each host checks every value it assembled against the model's function
+        # (shard_node.check) before it answers ok.
+        answers = sc.pull_version(trainers, rollouts, layout, version, FANOUT)
+        assert all(a["nbytes"] == layout.nbytes for a in answers)
+    largest_bucket = max(b.size for b in layout.buckets)
+    for process, node in enumerate(trainers):
+        stats = node.ask(cmd="stats")
+        shard = node.ready["shard_bytes"]  # its float32 master shards
+        own = sum(b.size for b in layout.buckets if b.process == process)
+        # Served twice per version (the two hosts of the tree's first level), whatever the
+        # number of hosts; the third pulled from the first.
+        count = len(layout.bucket_ids(process))
+        assert stats["served"] == {"1": 2 * count, "2": 2 * count}
+        # Its master shards, one staged version of them in bfloat16 (the one before is
+        # retired before the next is staged: no offer of it was out) and a bucket: never the
+        # bfloat16 model a gather would add.
+        bound = shard + own + largest_bucket
+        assert stats["peak_bytes"] <= bound < shard + layout.nbytes, (stats, bound)
+        assert stats["staged_bytes"] == own
+
+
+def test_a_relay_lost_mid_pull_its_child_resumes_from_another_holder_and_the_host_returns(
+        cluster):
+    hosts, trainers, rollouts = cluster
+    layout = sc.layout_of(trainers)
+    everyone = [*trainers, *rollouts]
+    version = 3
+    assert [s["staged"] for s in sc.stage(trainers, version)] == [version, version]
+    first, second, child = rollouts  # the child pulls from the first (ws.parent(2, 2) == 0)
+    for node in (first, second):
+        offers = sc.trainer_offers(trainers, layout, version, node.name)
+        assert node.ask(cmd="pull", version=version, offers=offers,
+                        layout=trainers[0].ready["layout"])["ok"]
+        sc.acknowledge(everyone, offers)
+    offers = sc.holder_offers(first, layout, version, child.name)
+    child.send(cmd="pull", version=version, offers=offers)
+    assert "got" in child.next(skip_progress=False)  # one bucket in, then its holder dies
+    hosts.kill(first.name)
+    failed = child.next(timeout_s=60)
+    assert failed["ok"] is False and 0 < len(failed["missing"]) < len(layout.buckets), failed
+    # The rest from the other holder of the version; the trainer serves nothing more.
+    rest = sc.holder_offers(second, layout, version, child.name, set(failed["missing"]))
+    assert child.ask(cmd="pull", version=version, offers=rest)["ok"]
+    sc.acknowledge(everyone, rest)
+    for process, node in enumerate(trainers):
+        assert node.ask(cmd="stats")["served"][str(version)] == \
+            2 * len(layout.bucket_ids(process))
+    # The host comes back (a fresh process) and pulls the newest version.
+    rollouts[0] = sc.Node(lambda argv, env, **kw: hosts.popen(first.name, argv, env, **kw),
+                          first.name, hosts.host(first.name).address, "rollout",
+                          "--timeout-s=10")
+    assert [s["staged"] for s in sc.stage(trainers, version + 1)] == [version + 1] * 2
+    sc.pull_version(trainers, rollouts, layout, version + 1, FANOUT)
