@@ -137,9 +137,11 @@ def acknowledge(nodes, offers, command: str = "pulled") -> None:
         by_address[address].ask(cmd=command, uuids=list(ids.values()))
 
 
-def pull_version(trainers, rollouts, layout, version, fanout: int, **pull) -> list[dict]:
+def pull_version(trainers, rollouts, layout, version, fanout: int, layout_b64: str = "",
+                 **pull) -> list[dict]:
     """Every rollout host pulls `version` down the relay tree (`ws.parent`), a level at a
-    time (the hosts of one level at once); their answers, in host order."""
+    time (the hosts of one level at once); their answers, in host order. `layout_b64`: the
+    layout as the nodes get it (default: the trainers' sharded one)."""
     answers: dict[int, dict] = {}
     levels: dict[int, list[int]] = {}
     for h in range(len(rollouts)):
@@ -154,7 +156,7 @@ def pull_version(trainers, rollouts, layout, version, fanout: int, **pull) -> li
             offers = (trainer_offers(trainers, layout, version, rollouts[h].name) if up is None
                       else holder_offers(rollouts[up], layout, version, rollouts[h].name))
             rollouts[h].send(cmd="pull", version=version, offers=offers,
-                             layout=trainers[0].ready["layout"], **pull)
+                             layout=layout_b64 or trainers[0].ready["layout"], **pull)
             sent.append((h, offers))
         for h, offers in sent:
             answers[h] = rollouts[h].next()

@@ -22,9 +22,24 @@ Where it ran is part of every figure: the JSON names the JAX platform and device
 a CPU the printed lines say the figures are CPU figures (host memory on both sides, no
 interconnect: they say nothing of a GPU's NVLink or a TPU's ICI/DCN).
 
+`--shards=1,2,4` (0: skip) also measures weights served where they live
+(asyncrl/distributed/weight_shards.py) against today's gather path, with plain processes on
+loopback (benchmarks/shard_node.py): a trainer group of two processes holding a float32 model
+of `--shard_rows` x 4096 x 4 values sharded over both, pulled in bfloat16 by that many
+receiving processes at once. Shards: each receiver pulls every bucket from the process that
+owns it; gather: the group gathers the model to process 0 (a host copy there, on the
+trainer's path) and process 0 serves all of it. Per receiver count: seconds until every
+receiver holds the version, GB/s per receiver (its own pull) and in aggregate, the seconds
+the trainer's thread is blocked per push (shards: staging dispatched, then offered on
+request; gather: the gather and the host copy). `uploads_per_version`: how many times a
+trainer process served each of its buckets when three receivers pull down the relay tree
+(fanout 2). CPU figures: loopback sockets, no network between hosts.
+
 The last line is JSON: {"bytes": …, "dtype": …, "receivers": …, "platform": …, "device_kind": …,
 "copy_bytes_per_s": …, "transports": {name: {"bytes_per_s": …, "ratio_to_copy": …, "stage_s": …,
-"pull_s": …, "receivers": …}}}.
+"pull_s": …, "receivers": …}}, "shards": {"bytes": …, "receivers": {n: {"shards": {…},
+"gather": {…}, "shards_vs_gather": …}}, "uploads_per_version": …, "trainer_blocked_s_per_push":
+{"shards": …, "gather": …}}}.
 """
 
 from __future__ import annotations
@@ -133,6 +148,72 @@ def remote(name: str, host: list[np.ndarray], repeats: int, receivers: int) -> t
     return best[1], best[0] - best[1]
 
 
+def shard_figures(rows: int, counts: list[int], repeats: int) -> dict:
+    """The `--shards` figures (module docstring)."""
+    import socket
+    import subprocess
+
+    from benchmarks import shard_cluster as sc
+
+    def popen(argv, env, **kwargs):
+        return subprocess.Popen(argv, env={**os.environ, **env}, **kwargs)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    loop = "127.0.0.1"
+    trainers = sc.start_trainers([popen, popen], ["trainer0", "trainer1"], [loop, loop],
+                                 f"{loop}:{port}", f"--rows={rows}")
+    receivers = [sc.Node(popen, f"receiver{i}", loop, "rollout")
+                 for i in range(max(*counts, 3))]
+    nodes = [*trainers, *receivers]
+    try:
+        layout, version = sc.layout_of(trainers), 0
+        figures, blocked = {}, {"shards": float("inf"), "gather": float("inf")}
+        for n in counts:
+            best = {"shards": None, "gather": None}
+            for _ in range(repeats):
+                version += 1
+                staged = sc.stage(trainers, version)
+                blocked["shards"] = min(blocked["shards"], max(s["blocked_s"] for s in staged))
+                start = time.perf_counter()
+                answers = sc.pull_version(trainers, receivers[:n], layout, version, n,
+                                          skip_check=True)
+                shards = (time.perf_counter() - start, answers)
+                version += 1
+                for node in trainers:
+                    node.send(cmd="gather", version=version)
+                gathered = [node.next() for node in trainers]
+                blocked["gather"] = min(blocked["gather"], max(g["blocked_s"] for g in gathered))
+                start = time.perf_counter()
+                answers = sc.pull_version(trainers, receivers[:n], sc.pickle.loads(
+                    sc.base64.b64decode(gathered[0]["layout"])), version, n,
+                    gathered[0]["layout"], skip_check=True)
+                gather = (time.perf_counter() - start + gathered[0]["blocked_s"], answers)
+                for name, result in (("shards", shards), ("gather", gather)):
+                    if best[name] is None or result[0] < best[name][0]:
+                        best[name] = result
+            row = {}
+            for name, (seconds, answers) in best.items():
+                row[name] = {"seconds": round(seconds, 4),
+                             "gb_per_s_per_receiver": round(
+                                 layout.nbytes / max(a["seconds"] for a in answers) / 1e9, 3),
+                             "gb_per_s_aggregate": round(n * layout.nbytes / seconds / 1e9, 3)}
+            row["shards_vs_gather"] = round(best["gather"][0] / best["shards"][0], 3)
+            figures[n] = row
+        version += 1
+        sc.stage(trainers, version)
+        sc.pull_version(trainers, receivers[:3], layout, version, 2, skip_check=True)
+        uploads = max(trainers[p].ask(cmd="stats")["served"][str(version)]
+                      / len(layout.bucket_ids(p)) for p in layout.processes)
+    finally:
+        for node in nodes:
+            node.close()
+    return {"bytes": layout.nbytes, "model_bytes": trainers[0].ready["model_bytes"],
+            "receivers": figures, "uploads_per_version": uploads,
+            "trainer_blocked_s_per_push": {k: round(v, 4) for k, v in blocked.items()}}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=512)
@@ -141,6 +222,9 @@ def main():
     parser.add_argument("--receivers", type=int, default=1,
                         help="rollout instances pulling each version at once (Ray transports)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    parser.add_argument("--shards", default="1,2,4",
+                        help="receiver counts for the shard figures (0: skip them)")
+    parser.add_argument("--shard_rows", type=int, default=4096)
     args = parser.parse_args()
     if args.receivers < 1:
         parser.error(f"--receivers: at least 1, got {args.receivers}")
@@ -173,6 +257,20 @@ def main():
                                        "receivers": receivers}
         print(f"{name:13s} {rate / 1e9:6.2f} GB/s to {receivers} receiver(s){where}  ({stage_s:.3f} s "
               f"staging + {pull_s:.3f} s pull; copy {nbytes / copy_s / 1e9:.2f} GB/s)")
+    counts = [int(n) for n in args.shards.split(",") if int(n) > 0]
+    if counts:
+        shards = summary["shards"] = shard_figures(args.shard_rows, counts, args.repeats)
+        print(f"served where they live, {shards['bytes'] / 1e6:.0f} MB in bfloat16 from two "
+              f"trainer processes{where}:")
+        for n, row in shards["receivers"].items():
+            print(f"  {n} receiver(s): shards {row['shards']['seconds']:.3f} s "
+                  f"({row['shards']['gb_per_s_per_receiver']:.2f} GB/s each, "
+                  f"{row['shards']['gb_per_s_aggregate']:.2f} in all), gather "
+                  f"{row['gather']['seconds']:.3f} s: {row['shards_vs_gather']:.2f}x")
+        blocked = shards["trainer_blocked_s_per_push"]
+        print(f"  the trainer's thread blocked per push: shards {blocked['shards']:.4f} s, "
+              f"gather {blocked['gather']:.4f} s; uploads per version with 3 receivers down "
+              f"the relay tree: {shards['uploads_per_version']:.0f}")
     print(json.dumps(summary))
 
 

@@ -242,3 +242,18 @@ def test_lag_benchmark_pairs_its_variants():
     assert rewards["lag1"][:2] == rewards["lag2"][:2], rewards
     assert rewards["lag2"] == rewards["uncorrected"], rewards
     assert rewards["lag0"][1:] != rewards["lag2"][1:], rewards
+
+
+def test_transport_benchmark_measures_weights_served_where_they_live_against_the_gather():
+    result = _last_json("transport.py", "--transports=device_put", "--mib=4", "--repeats=1",
+                        "--shards=1,2", "--shard_rows=256")
+    shards = result["shards"]
+    assert set(shards["receivers"]) == {"1", "2"}
+    for row in shards["receivers"].values():
+        assert row["shards_vs_gather"] > 0
+        for path in ("shards", "gather"):
+            assert min(row[path].values()) > 0
+    # Three receivers down the relay tree (fanout 2): the trainer served each bucket twice.
+    assert shards["uploads_per_version"] == 2
+    assert shards["bytes"] * 2 == shards["model_bytes"]  # float32 master, bfloat16 sent
+    assert min(shards["trainer_blocked_s_per_push"].values()) > 0
