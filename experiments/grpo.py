@@ -224,6 +224,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # other than the trainer's.
     c.distributed.instance_resource = ""
     c.distributed.instance_platform = ""  # JAX_PLATFORMS in the actors ('': as the node has it)
+    # TPU hosts holding several instances (instance_platform 'tpu', an instance_resource):
+    # instance i owns chip block i mod this of its host, and asks for one unit of
+    # `<instance_resource>_<block>`, which each such host offers once per block.
+    c.distributed.instances_per_host = 1
     # Where jax_transfer servers listen; on one machine 127.0.0.1, across hosts this host's
     # address on the network the hosts share.
     c.distributed.transfer_host = "127.0.0.1"

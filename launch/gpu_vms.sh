@@ -4,6 +4,7 @@
 # every node (~/.ray/auth_token, mode 600); Ray's token authentication stays on.
 #
 #   launch/gpu_vms.sh all --head=10.0.0.2 --workers="10.0.0.3 10.0.0.4" --gpus=8 --workdir=runs/gpu
+#   launch/gpu_vms.sh all --plan=plan.json --head=10.0.0.2 --workers=10.0.0.3   # as planned
 #   launch/gpu_vms.sh setup|start|run|wait|stop ...   # one phase at a time
 #   launch/gpu_vms.sh join --head=10.0.0.2 --workers=10.0.0.4 ...  # a worker back from preemption
 #   launch/gpu_vms.sh --dry-run all ...          # print every command, run nothing
@@ -27,16 +28,24 @@
 # token is copied with cp; stop kills the host's processes (`ray stop` would stop every Ray
 # process on the machine). --platform=cpu: the "GPUs" are CPU devices: the head offers no CPU
 # to actors, each worker offers --gpus CPUs, and the instances ask for one CPU each.
+# --plan=FILE (`python -m asyncrl.plan ... --out=FILE`): the trainer on the head's planned
+# GPUs, --workers as many machines as the plan's rollout (checked), its GPUs per instance, the
+# config and what the plan settled (η, remat, micro-batches, one checkpoint kept), and
+# XLA_PYTHON_CLIENT_MEM_FRACTION for the job and its actors: what the larger side's plan
+# needs per GPU (JAX's 0.75 leaves a 7-8B plan short). The flags the plan sets cannot be
+# given beside it; a plan the script cannot build is one `error:` line.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 phase="" head="" workers="" user=${USER:-root} repo=asyncrl port=6379 gpus=8 per_instance=1
 config=experiments/grpo.py workdir=runs/gpu token_file="" via=ssh platform=cuda repo_set=0
-foreground="" wait=0
+foreground="" wait=0 plan="" planned=()
 extra=()
 while (( $# )); do
   case $1 in
+    --gpus=*|--gpus-per-instance=*|--config=*) planned+=("${1%%=*}") ;;&
     setup|start|join|run|wait|stop|all) phase=$1 ;;
+    --plan=*) plan=${1#*=} ;;
     --foreground) foreground=1 ;;
     --wait) wait=1 ;;
     --head=*) head=${1#*=} ;;
@@ -64,6 +73,16 @@ read -r -a worker_list <<< "$workers"
 [[ $via == ssh || $via == netns ]] || die "--via=ssh or --via=netns, not $via"
 [[ $platform == cuda || $platform == cpu ]] || die "--platform=cuda or --platform=cpu, not $platform"
 nodes=("$head" "${worker_list[@]}")
+trainer_gpus="" memory="" plan_overrides=()
+if [[ -n $plan ]]; then
+  (( ${#planned[@]} == 0 )) || die "${planned[*]}: set by --plan=$plan (plan again to change them)"
+  assignments=$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m asyncrl.plan.launch_plan "$plan" --for=gpu_vms) || exit 2
+  eval "$assignments"
+  (( ${#worker_list[@]} == plan_hosts )) || die "--workers: $plan plans $plan_hosts rollout machine(s) of $plan_chips GPUs ($plan_type), got ${#worker_list[@]}"
+  config=$plan_config gpus=$plan_chips trainer_gpus=$plan_trainer_chips
+  per_instance=$plan_devices_per_instance memory="XLA_PYTHON_CLIENT_MEM_FRACTION=$plan_memory_fraction "
+fi
+trainer_gpus=${trainer_gpus:-$gpus}
 instances=$(( ${#worker_list[@]} * gpus / per_instance ))
 hosts_root=${ASYNCRL_HOSTS_ROOT:-/tmp/arh0}
 if [[ $via == netns ]]; then
@@ -139,7 +158,7 @@ give_token() {
 run_job() {
   local asks="--config.distributed.instance_gpus=$per_instance"
   [[ $platform == cpu ]] && asks="--config.distributed.instance_gpus=0 --config.distributed.instance_cpus=1"
-  local job="RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=$platform $asks --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${extra[@]}")"
+  local job="${memory}RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=$platform $asks --config.distributed.transfer_host=$head --config.mesh.trainer_devices=$trainer_gpus --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${plan_overrides[@]}" "${extra[@]}")"
   if (( foreground )); then
     on "$head" "$venv && $job"
     return

@@ -9,6 +9,7 @@
 #   launch/tpu_vms.sh all --name=asyncrl --zone=us-central2-b --type=v4-32 --hosts=4 --chips=4
 #   launch/tpu_vms.sh all --name=rl-rollout --type=v4-32 --hosts=4 --chips=4 \
 #       --trainer-slice=rl-train --trainer-type=v4-16 --trainer-hosts=2 --zone=us-central2-b
+#   launch/tpu_vms.sh all --plan=plan.json --name=rl --zone=us-east5-b   # what the planner picked
 #   launch/tpu_vms.sh create|setup|start|run|wait|teardown ...   # one phase at a time
 #   launch/tpu_vms.sh --dry-run all ...                      # print every command, run nothing
 #
@@ -28,15 +29,23 @@
 # trainer with one slice) is made a TPU slice of its own, owning the host's --chips chips
 # (`python -m asyncrl.distributed.cluster --tpu-isolation=CHIPS` prints the variables); the
 # trainer slice of the two-slice layout stays one slice, its hosts one jax.distributed group.
+# --plan=FILE (`python -m asyncrl.plan ... --out=FILE`): the two slices the planner
+# recommended, each with its own accelerator type and runtime image (NAME-train and NAME),
+# the config and what the plan settled (η, remat, micro-batches, one checkpoint kept), and
+# the planned instances per rollout host, each owning a block of its host's chips (one Ray
+# resource per block: distributed.instances_per_host). The flags the plan sets cannot be given
+# beside it; a plan the script cannot build is one `error:` line.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 phase="" name=asyncrl zone="" type="" hosts=1 chips=4 project="" version=tpu-ubuntu2204-base
 port=6379 config=experiments/grpo.py workdir=runs/tpu token_file="$REPO_ROOT/launch/.ray_auth_token"
-extra=() trainer_slice="" trainer_type="" trainer_hosts=1 foreground=0 wait=0
+extra=() trainer_slice="" trainer_type="" trainer_hosts=1 foreground=0 wait=0 plan="" planned=()
 while (( $# )); do
   case $1 in
+    --type=*|--hosts=*|--chips=*|--version=*|--config=*|--trainer-type=*|--trainer-hosts=*) planned+=("${1%%=*}") ;;&
     create|setup|start|run|wait|teardown|all) phase=$1 ;;
+    --plan=*) plan=${1#*=} ;;
     --foreground) foreground=1 ;;
     --wait) wait=1 ;;
     --name=*) name=${1#*=} ;;
@@ -61,6 +70,20 @@ while (( $# )); do
 done
 [[ -n $phase ]] || die "name a phase: create, setup, start, run, wait, teardown or all"
 [[ -n $zone ]] || die "--zone=ZONE is required"
+# Without a plan: both slices boot one image, every host holds one instance of all its chips.
+trainer_chips="" trainer_version="" per_instance="" per_host=1 plan_overrides=()
+if [[ -n $plan ]]; then
+  (( ${#planned[@]} == 0 )) || die "${planned[*]}: set by --plan=$plan (plan again to change them)"
+  assignments=$(PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m asyncrl.plan.launch_plan "$plan" --for=tpu_vms) || exit 2
+  eval "$assignments"
+  config=$plan_config type=$plan_type hosts=$plan_hosts chips=$plan_chips version=$plan_version
+  trainer_type=$plan_trainer_type trainer_hosts=$plan_trainer_hosts
+  trainer_chips=$plan_trainer_chips trainer_version=$plan_trainer_version
+  per_instance=$plan_devices_per_instance per_host=$plan_instances_per_host
+  trainer_slice=${trainer_slice:-$name-train}
+fi
+trainer_chips=${trainer_chips:-$chips} trainer_version=${trainer_version:-$version}
+per_instance=${per_instance:-$chips}
 if [[ -z $trainer_slice ]]; then
   (( hosts >= 2 )) || die "--hosts=$hosts: Ray on one slice needs 2 hosts or more (worker 0 trains); one host: launch/tpu_slice.sh"
 else
@@ -89,7 +112,7 @@ create() {
   [[ -n $type ]] || die "--type=ACCELERATOR_TYPE is required to create the slice (e.g. v4-32)"
   if [[ -n $trainer_slice ]]; then
     [[ -n $trainer_type ]] || die "--trainer-type=ACCELERATOR_TYPE is required to create the trainer slice"
-    step "${tpu[@]}" create "$trainer_slice" "${where[@]}" "--accelerator-type=$trainer_type" "--version=$version"
+    step "${tpu[@]}" create "$trainer_slice" "${where[@]}" "--accelerator-type=$trainer_type" "--version=$trainer_version"
   fi
   step "${tpu[@]}" create "$name" "${where[@]}" "--accelerator-type=$type" "--version=$version"
 }
@@ -120,14 +143,22 @@ start() {
   for (( worker = 1; worker < lead_hosts; worker++ )); do
     on "$worker" "$venv && RAY_AUTH_MODE=token ray start --address=\$(python -m asyncrl.distributed.cluster --tpu-worker-0):$port --resources='{\"$role\": 1}' --disable-usage-stats"
   done
-  if [[ -n $trainer_slice ]]; then  # every host of the rollout slice: one instance each
+  if [[ -n $trainer_slice ]]; then  # every host of the rollout slice: per_host instances each
     # The head (the lead slice's worker 0) as the other slice's hosts reach it.
     local describe=("${tpu[@]}" describe "$lead" "${where[@]}" "--format=value(networkEndpoints[0].ipAddress)")
     shell_line "${describe[@]}"
     if (( DRY_RUN )); then head=HEAD_IP; else head=$("${describe[@]}"); fi
     [[ -n $head ]] || die "$lead: gcloud gave no internal address for worker 0"
-    on_slice "$name" all "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --resources='{\"asyncrl_rollout\": 1}' --disable-usage-stats"
+    on_slice "$name" all "$venv && RAY_AUTH_MODE=token ray start --address=$head:$port --resources='$(rollout_resources)' --disable-usage-stats"
   fi
+}
+
+rollout_resources() {  # what a rollout host offers: a unit per instance, one per chip block
+  local block out="{\"asyncrl_rollout\": $per_host"
+  if (( per_host > 1 )); then
+    for (( block = 0; block < per_host; block++ )); do out+=", \"asyncrl_rollout_$block\": 1"; done
+  fi
+  printf '%s}' "$out"
 }
 
 run_job() {
@@ -135,8 +166,9 @@ run_job() {
   if [[ -n $trainer_slice ]]; then
     # Every trainer host gives the trainer all its chips; each follower takes one
     # asyncrl_trainer unit, so one lands on each of the trainer slice's other hosts.
-    instances=$hosts
+    instances=$(( hosts * per_host ))
     group="--config.distributed.trainer_processes=$trainer_hosts --config.distributed.trainer_resource=asyncrl_trainer "
+    (( per_host > 1 )) && group+="--config.distributed.instances_per_host=$per_host "
   fi
   local isolated=""
   if [[ -z $trainer_slice ]]; then
@@ -145,7 +177,7 @@ run_job() {
     # = tpu); without it its TPU runtime would wait for every host of the slice to join it.
     isolated="isolation=\$(python -m asyncrl.distributed.cluster --tpu-isolation=$chips) && env \$isolation "
   fi
-  local job="${isolated}RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$chips $(shell_line "${extra[@]}")"
+  local job="${isolated}RAY_AUTH_MODE=token python -m asyncrl.main --config=$config --workdir=$workdir --config.distributed.backend=ray --config.distributed.ray_address=auto --config.distributed.instance_platform=tpu --config.distributed.instance_resource=asyncrl_rollout ${group}--config.mesh.trainer_devices=$trainer_chips --config.mesh.rollout_instances=$instances --config.mesh.devices_per_instance=$per_instance $(shell_line "${plan_overrides[@]}" "${extra[@]}")"
   if (( foreground )); then
     on 0 "$venv && $job"
     return

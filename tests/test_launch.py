@@ -257,3 +257,117 @@ def test_all_tears_down_when_a_phase_fails(tmp_path):
     assert log.read_text().splitlines()[-2:] == [
         "ssh me@h cd asyncrl && . .venv/bin/activate && ray stop",
         "ssh me@w cd asyncrl && . .venv/bin/activate && ray stop"]
+
+
+# ------------------------------------------------------------------ launching a plan
+
+PLANS = ROOT / "launch" / "plans"  # written by the planner (launch/plans/README.md says how)
+
+
+def plan_variant(tmp_path, name: str, **changes) -> str:
+    """A copy of a recorded plan with `changes` ('rollout.accelerator': 'v6e-2', ...)."""
+    plan = json.loads((PLANS / name).read_text())
+    for dotted, value in changes.items():
+        section, key = dotted.split(".")
+        plan[section][key] = value
+    path = tmp_path / name
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+def refused(script: str, *args: str) -> str:
+    result = subprocess.run(["bash", str(ROOT / "launch" / script), "--dry-run", *args],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stdout == "", result.stdout
+    errors = result.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+    return errors[0]
+
+
+def test_a_7b_plan_for_v5p_and_v6e_builds_both_slices_with_their_images_and_instances():
+    plan = json.loads((PLANS / "qwen2.5-7b_v5p-16_v6e-8.json").read_text())
+    trainer, rollout = plan["trainer"], plan["rollout"]
+    lines = dry_run("tpu_vms.sh", "all", f"--plan={PLANS / 'qwen2.5-7b_v5p-16_v6e-8.json'}",
+                    "--name=rl", "--zone=us-east5-b")
+    tpu = "gcloud compute tpus tpu-vm"
+    # Each slice its own accelerator type and its generation's runtime image.
+    assert lines[:2] == [
+        f"{tpu} create rl-train --zone=us-east5-b --accelerator-type={trainer['accelerator']} "
+        f"--version=v2-alpha-tpuv5",
+        f"{tpu} create rl --zone=us-east5-b --accelerator-type={rollout['accelerator']} "
+        f"--version=v2-alpha-tpuv6e"]
+    assert trainer["accelerator"] == "v5p-16" and rollout["accelerator"].startswith("v6e-")
+    per_host = rollout["instances_per_host"]
+    assert per_host == rollout["chips_per_host"] // rollout["devices_per_instance"]
+    # Every rollout host offers a unit per instance and one per chip block.
+    join, = [l for l in lines if l.startswith(f"{tpu} ssh rl ") and "ray start" in l]
+    command = next(a for a in shlex.split(join) if a.startswith("--command="))
+    offered, = [a for a in shlex.split(command.removeprefix("--command="))
+                if a.startswith("--resources=")]
+    assert json.loads(offered.removeprefix("--resources=")) == {
+        "asyncrl_rollout": per_host, **{f"asyncrl_rollout_{b}": 1 for b in range(per_host)}}
+    job, = [l for l in lines if "asyncrl.main" in l]
+    assert job.startswith(f"{tpu} ssh rl-train --zone=us-east5-b --worker=0 ")
+    assert f"--config={plan['config']} " in job
+    assert (f"--config.distributed.trainer_processes={trainer['hosts']} "
+            f"--config.distributed.trainer_resource=asyncrl_trainer ") in job
+    assert (per_host > 1) == (f"--config.distributed.instances_per_host={per_host} " in job)
+    assert (f"--config.mesh.trainer_devices={trainer['chips_per_host']} "
+            f"--config.mesh.rollout_instances={rollout['instances']} "
+            f"--config.mesh.devices_per_instance={rollout['devices_per_instance']} ") in job
+    eta = plan["planned"]["recommended"]["eta"]
+    assert f"--config.staleness.eta={eta} --config.checkpoint.keep=1" in job
+
+
+def test_a_7b_plan_for_two_8xh100_vms_sets_the_memory_fraction_the_plan_needs():
+    path = PLANS / "qwen2.5-7b_8xH100_8xH100.json"
+    plan = json.loads(path.read_text())
+    lines = dry_run("gpu_vms.sh", "all", f"--plan={path}", "--head=10.0.0.2",
+                    "--workers=10.0.0.3", "--user=me", "--foreground")
+    job, = [l for l in lines if "asyncrl.main" in l]
+    fraction = plan["memory_fraction"]
+    need = max(plan[s]["hbm_bytes_per_device"] / plan[s]["hbm_capacity_bytes"]
+               for s in ("trainer", "rollout"))
+    assert need < fraction <= 0.95 and fraction > 0.75  # JAX's default leaves a 7B plan short
+    assert f"'cd asyncrl && . .venv/bin/activate && XLA_PYTHON_CLIENT_MEM_FRACTION={fraction} " \
+        "RAY_AUTH_MODE=token python -m asyncrl.main" in job
+    assert ("--config.mesh.trainer_devices=8 --config.mesh.rollout_instances=8 "
+            "--config.mesh.devices_per_instance=1 ") in job
+    assert "ray start --address=10.0.0.2:6379 --node-ip-address=10.0.0.3 --num-gpus=8" in \
+        "\n".join(lines)
+    # The plan names one rollout machine.
+    assert refused("gpu_vms.sh", "all", f"--plan={path}", "--head=10.0.0.2",
+                   "--workers=10.0.0.3 10.0.0.4") == (
+        f"error: --workers: {path} plans 1 rollout machine(s) of 8 GPUs (8xH100), got 2")
+
+
+def test_a_plan_no_script_can_build_is_one_error_line(tmp_path):
+    tpu = "qwen2.5-7b_v5p-16_v6e-8.json"
+    where = ("all", "--name=rl", "--zone=z")
+    bad = plan_variant(tmp_path, tpu, **{"rollout.accelerator": "v6e-2", "rollout.chips": 2,
+                                         "rollout.chips_per_host": 2})
+    assert refused("tpu_vms.sh", f"--plan={bad}", *where) == (
+        f"error: {bad}: rollout.accelerator: v6e-2 is not a slice or machine one can rent (TPU "
+        f"v5e / v6e: 1, 4, 8, 16... chips; v4 / v5p: 4, 8, 16...; GPUs: up to 8, or whole "
+        f"machines of 8)")
+    odd = plan_variant(tmp_path, tpu, **{"rollout.devices_per_instance": 3})
+    assert "rollout.devices_per_instance: 3 chips per instance does not divide" in \
+        refused("tpu_vms.sh", f"--plan={odd}", *where)
+    assert refused("tpu_vms.sh", f"--plan={PLANS / tpu}", "--type=v4-8", *where) == (
+        f"error: --type: set by --plan={PLANS / tpu} (plan again to change them)")
+    gpu = PLANS / "qwen2.5-7b_8xH100_8xH100.json"
+    assert refused("tpu_vms.sh", f"--plan={gpu}", *where) == (
+        f"error: {gpu}: trainer.accelerator: 8xH100 is not a TPU: launch it with "
+        f"launch/gpu_vms.sh")
+    missing = tmp_path / "nope.json"
+    assert refused("tpu_vms.sh", f"--plan={missing}", *where) == (
+        f"error: {missing}: cannot read the plan (No such file or directory)")
+    (tmp_path / "other.json").write_text('{"fits": true}')
+    assert refused("gpu_vms.sh", f"--plan={tmp_path / 'other.json'}", "all", "--head=h",
+                   "--workers=w") == (
+        f"error: {tmp_path / 'other.json'}: format is None, expected 'asyncrl-plan/1' (write "
+        f"it with python -m asyncrl.plan ... --out=)")
+    hungry = plan_variant(tmp_path, "qwen2.5-7b_8xH100_8xH100.json",
+                          **{"trainer.hbm_bytes_per_device": 79e9})
+    assert "the plan needs 99% of each GPU's memory" in refused(
+        "gpu_vms.sh", f"--plan={hungry}", "all", "--head=h", "--workers=w")

@@ -66,10 +66,27 @@ def _plan(*args):
 
 
 @needs_libtpu
-def test_the_tiny_config_fits_one_v5e_chip_each_side():
-    done = _plan("--config=experiments/grpo.py:tiny", "--trainer=v5e-1", "--rollout=v5e-1")
+def test_the_tiny_config_fits_one_v5e_chip_each_side(tmp_path):
+    out = tmp_path / "plan.json"
+    done = _plan("--config=experiments/grpo.py:tiny", "--trainer=v5e-1", "--rollout=v5e-1",
+                 "--config.train.steps=7", f"--out={out}")
     assert done.returncode == 0, done.stderr[-2000:]
     plan = json.loads(done.stdout.strip().splitlines()[-1])
+    # The plan file: the recommended split, its config and settings, which the TPU launch
+    # script builds (tests/test_launch.py: recorded 7B plans).
+    written = json.loads(out.read_text())
+    assert written["planned"] == plan and written["config"] == "experiments/grpo.py:tiny"
+    assert written["overrides"] == {"train.steps": 7, "staleness.eta": plan["recommended"]["eta"],
+                                    "checkpoint.keep": 1}
+    assert (written["trainer"]["accelerator"], written["rollout"]["accelerator"]) == (
+        plan["recommended"]["trainer"], plan["recommended"]["rollout"])
+    assert written["rollout"]["runtime_version"] == "v2-alpha-tpuv5-lite"
+    launched = subprocess.run(["bash", "launch/tpu_vms.sh", "--dry-run", "all", f"--plan={out}",
+                               "--name=rl", "--zone=z"], capture_output=True, text=True,
+                              timeout=60)
+    assert launched.returncode == 0, launched.stderr
+    job, = [line for line in launched.stdout.splitlines() if "asyncrl.main" in line]
+    assert "--config=experiments/grpo.py:tiny " in job and "--config.train.steps=7 " in job
     assert plan["fits"] is True
     for side in ("trainer", "rollout"):
         part = plan[side]

@@ -233,25 +233,31 @@ def actor_options(cpus: float, gpus: float, resource: str, devices: int, platfor
 
 # ---------------------------------------------------------------------------- TPU VM slices
 
-# The port a host's one isolated TPU process serves its (single-process) runtime on.
+# The port an isolated TPU process serves its (single-process) runtime on; block k's process
+# on a host of several uses the port k above it.
 TPU_ISOLATED_PORT = 8476
 
 
-def tpu_isolation(chips: int) -> dict[str, str]:
+def tpu_isolation(chips: int, block: int = 0) -> dict[str, str]:
     """The environment that makes a process on one host of a multi-host TPU slice a slice of
-    its own, owning the host's first `chips` chips. Without it every process's TPU runtime
-    joins the whole slice and blocks until a process on every host does, which the Ray
-    layouts (independent instances, a trainer apart from them) never do. One such process
-    per host: they would share the chips and the port."""
+    its own, owning block `block` of the host's chips (chips block·chips .. (block+1)·chips
+    - 1). Without it every process's TPU runtime joins the whole slice and blocks until a
+    process on every host does, which the Ray layouts (independent instances, a trainer
+    apart from them) never do. Processes sharing a host own different blocks (each its own
+    chips and runtime port)."""
     if chips not in TPU_HOST_CHIP_BOUNDS:
         *most, last = TPU_HOST_CHIP_BOUNDS
-        raise ClusterError(f"a TPU process alone on its host owns {', '.join(map(str, most))} "
+        raise ClusterError(f"a TPU process on its host owns {', '.join(map(str, most))} "
                            f"or {last} chips, not {chips!r}")
+    if not 0 <= block < max(TPU_HOST_CHIP_BOUNDS) // chips:
+        raise ClusterError(f"chip block {block} of {chips} chip(s) is past a TPU host's "
+                           f"{max(TPU_HOST_CHIP_BOUNDS)} chips")
+    port = TPU_ISOLATED_PORT + block
     return {"TPU_PROCESS_BOUNDS": "1,1,1",
             "TPU_CHIPS_PER_PROCESS_BOUNDS": TPU_HOST_CHIP_BOUNDS[chips],
-            "TPU_VISIBLE_CHIPS": ",".join(map(str, range(chips))),
-            "TPU_PROCESS_PORT": str(TPU_ISOLATED_PORT),
-            "TPU_PROCESS_ADDRESSES": f"localhost:{TPU_ISOLATED_PORT}", "CLOUD_TPU_TASK_ID": "0"}
+            "TPU_VISIBLE_CHIPS": ",".join(map(str, range(block * chips, (block + 1) * chips))),
+            "TPU_PROCESS_PORT": str(port),
+            "TPU_PROCESS_ADDRESSES": f"localhost:{port}", "CLOUD_TPU_TASK_ID": "0"}
 
 
 TPU_METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"

@@ -74,15 +74,21 @@ def ray_rollouts(c, policy, meshes, data) -> Rollouts:
     return Rollouts(c, policy, data, instances, instances.publisher)
 
 
-def instance_options(c) -> dict:
-    """The Ray options of an instance actor (`cluster.actor_options`); on TPU hosts, each
-    instance a TPU slice of its own (`cluster.tpu_isolation`)."""
+def instance_options(c, instance: int = 0) -> dict:
+    """The Ray options of instance `instance`'s actor (`cluster.actor_options`); on TPU
+    hosts, each instance a TPU slice of its own (`cluster.tpu_isolation`): with several per
+    host (distributed.instances_per_host), instance i owns chip block i mod that and asks
+    for that block's resource, `<instance_resource>_<block>`, of which each host offers one."""
     d = c.distributed
+    block = instance % d.instances_per_host
+    resource = d.instance_resource if d.instances_per_host == 1 else \
+        f"{d.instance_resource}_{block}"
     # poll, command and start run at once: start waits for an offer a command brings.
-    options = actor_options(d.instance_cpus, d.instance_gpus, d.instance_resource,
+    options = actor_options(d.instance_cpus, d.instance_gpus, resource,
                             c.mesh.devices_per_instance, d.instance_platform, max_concurrency=4)
     if d.instance_platform == "tpu":
-        options["runtime_env"]["env_vars"].update(tpu_isolation(c.mesh.devices_per_instance))
+        options["runtime_env"]["env_vars"].update(
+            tpu_isolation(c.mesh.devices_per_instance, block))
     return options
 
 
@@ -137,10 +143,11 @@ class RayInstances:
             kv=c.rollout.kv_options())
         timeouts = Timeouts(d.poll_wait_s, d.heartbeat_timeout_s, d.start_timeout_s,
                             d.stop_timeout_s)
-        actor_class = ray.remote(InstanceActor).options(**instance_options(c))
+        actor_class = ray.remote(InstanceActor)
 
         def stand_in(i: int) -> RemoteInstance:
-            return RemoteInstance(i, actor_class.remote(i, spec), driver.server,
+            actor = actor_class.options(**instance_options(c, i)).remote(i, spec)
+            return RemoteInstance(i, actor, driver.server,
                                   driver.reporter, self.publisher, timeouts,
                                   c.rollout.num_slots, rejoin=self.rejoiner)
 

@@ -21,6 +21,7 @@ class DistributedSection(Section):
     instance_gpus: float
     instance_resource: str
     instance_platform: str
+    instances_per_host: int
     trainer_cpus: float
     trainer_gpus: float
     trainer_resource: str
@@ -72,6 +73,13 @@ class DistributedSection(Section):
                  "not 'tpu' with distributed.ray_address = 'local': each TPU instance owns its "
                  "host's first chips, and here the trainer and every instance share one host "
                  "(one TPU VM: the local backend; a slice: launch/tpu_vms.sh or tpu_slice.sh)")
+        int_at_least("distributed.instances_per_host", self.instances_per_host, 1)
+        if self.instances_per_host > 1 and not (self.instance_platform == "tpu"
+                                                and self.instance_resource):
+            fail("distributed.instances_per_host", self.instances_per_host,
+                 "1 unless distributed.instance_platform = 'tpu' and an instance_resource "
+                 "names the hosts: several instances share a TPU host by owning a block of "
+                 "its chips each (on GPUs Ray hands each instance its own)")
         if self.coordinator_address not in ("", "auto") and ":" not in self.coordinator_address:
             fail("distributed.coordinator_address", self.coordinator_address,
                  "'' (from JAX_COORDINATOR_ADDRESS), 'host:port' of process 0, or 'auto' (a TPU "
@@ -98,10 +106,18 @@ class DistributedSection(Section):
                      f"distributed.{field} is for a group whose every process runs the command")
 
     def check_instance_chips(self, devices_per_instance: int) -> None:
-        """A TPU instance is a process alone on its host, owning a whole host's chip block
-        (config.mesh.devices_per_instance)."""
-        if self.instance_platform == "tpu" and devices_per_instance not in TPU_HOST_CHIP_BOUNDS:
+        """A TPU instance is a process owning a block of its host's chips
+        (config.mesh.devices_per_instance), one of instances_per_host blocks."""
+        if self.instance_platform != "tpu":
+            return
+        if devices_per_instance not in TPU_HOST_CHIP_BOUNDS:
             *most, last = TPU_HOST_CHIP_BOUNDS
             fail("mesh.devices_per_instance", devices_per_instance,
                  f"{', '.join(map(str, most))} or {last} with distributed.instance_platform = "
-                 "'tpu': each instance is a TPU process alone on its host, owning that many chips")
+                 "'tpu': each instance is a TPU process owning that many of its host's chips")
+        most = max(TPU_HOST_CHIP_BOUNDS)
+        if devices_per_instance * self.instances_per_host > most:
+            fail("distributed.instances_per_host", self.instances_per_host,
+                 f"at most {most // devices_per_instance} instances of "
+                 f"{devices_per_instance} chip(s) (mesh.devices_per_instance) on a TPU host "
+                 f"of at most {most} chips")

@@ -6,6 +6,10 @@
     cpu                  this host's CPU, split into the run's devices (a local CPU run: the
                          trainer and the instances are one process, their "HBM" is its memory)
 
+Slices one can rent (`rentable`), their hosts (`Accelerator.hosts`) and the runtime image each
+generation's TPU VMs boot (`RUNTIME_VERSIONS`) are what the launch scripts build from a plan
+(asyncrl/plan/launch_plan.py); a plan only recommends slices one can rent.
+
 Per-chip figures are the vendors' datasheets (dense bf16, HBM capacity and bandwidth); they
 are what a roofline prediction divides by, and the planner prints them with its figures.
 """
@@ -38,6 +42,15 @@ CHIPS = {
 }
 # Accelerator-type prefixes that count TensorCores (two per chip), not chips.
 _CORES_PER_CHIP = {"v4": 2, "v5p": 2}
+# The TPU VM runtime image per generation (cloud.google.com/tpu/docs/runtimes): v4 boots the
+# base Ubuntu image, v5e, v5p and v6e images of their own.
+RUNTIME_VERSIONS = {"v4": "tpu-ubuntu2204-base", "v5e": "v2-alpha-tpuv5-lite",
+                    "v5p": "v2-alpha-tpuv5", "v6e": "v2-alpha-tpuv6e"}
+# Chips on one host of a slice: v5e and v6e slices of up to 8 chips are one host, bigger ones
+# hosts of 4; v4 and v5p hosts hold 4; a GPU VM 8.
+_HOST_CHIPS = {"v4": 4, "v5p": 4, "v5e": 4, "v6e": 4}
+_ONE_HOST_UP_TO = {"v5e": 8, "v6e": 8}
+GPUS_PER_MACHINE = 8
 _TPU = re.compile(r"(v4|v5p|v5e|v5litepod|v6e)-(\d+)")
 _GPU = re.compile(r"(\d+)x(H100|H200|A100)")
 
@@ -61,6 +74,18 @@ class Accelerator:
         if self.kind != "tpu":
             raise ValueError(f"{self.name} is not a TPU")
         return topology_of(self.generation, self.chips)
+
+    @property
+    def hosts(self) -> tuple[int, int]:
+        """(hosts, chips per host) of a slice or of GPU machines of 8 (fewer: one machine)."""
+        if self.kind == "gpu":
+            per = min(self.chips, GPUS_PER_MACHINE)
+        elif self.kind == "tpu":
+            per = (self.chips if self.chips <= _ONE_HOST_UP_TO.get(self.generation, 0)
+                   else min(self.chips, _HOST_CHIPS[self.generation]))
+        else:
+            per = self.chips
+        return -(-self.chips // per), per
 
     def with_chips(self, chips: int) -> "Accelerator":
         """The same kind with another chip count (a split of a slice between two jobs)."""
@@ -95,6 +120,23 @@ def parse(name: str) -> Accelerator:
     raise ValueError(f"accelerator {name!r}: expected a Cloud TPU accelerator type "
                      f"(v5litepod-8 / v5e-8, v5p-16, v6e-8, v4-16), GPUs as NxTYPE (8xH100, "
                      f"1xH200, 4xA100), or cpu")
+
+
+def rentable(accelerator: Accelerator) -> bool:
+    """Whether Cloud TPU sells a slice of this size (v5e and v6e: 1, 4, 8 chips and powers of
+    two from 16; v4 and v5p: 4 chips and powers of two above), or a GPU count fills whole
+    machines of 8 (or is one machine's, up to 8). The compiler takes any power of two (a 2-chip
+    v6e compiles), so `parse` accepts those for planning; a plan recommends only these."""
+    chips = accelerator.chips
+    if accelerator.kind == "gpu":
+        return chips <= GPUS_PER_MACHINE or chips % GPUS_PER_MACHINE == 0
+    if accelerator.kind != "tpu":
+        return True
+    if chips & (chips - 1):
+        return False
+    if accelerator.generation in _ONE_HOST_UP_TO:
+        return chips != 2
+    return chips >= 4
 
 
 def host_chip(meminfo: str = "/proc/meminfo") -> Chip:

@@ -38,6 +38,9 @@ the host's memory. No datasheet, so no times or split for a CPU.
 
 The last line printed is one JSON object. A placement that cannot fit ends with one
 `error:` line naming the part and what to change, exit status 2.
+
+`--out=plan.json` also writes the recommended split as a plan file the launch scripts build
+(asyncrl/plan/launch_plan.py; launch/tpu_vms.sh --plan=plan.json, launch/gpu_vms.sh).
 """
 
 import os
@@ -69,6 +72,8 @@ _ROLLOUT = flags.DEFINE_string("rollout", None, "The rollout instances' chips, t
                                required=True)
 _ETA = flags.DEFINE_integer("eta", None, "Staleness bound to plan for; default: the config's, "
                             "and the recommendation tries 1, 2 and 4 beside it.")
+_OUT = flags.DEFINE_string("out", None, "Also write the recommended split as a plan file the "
+                           "launch scripts build (launch/tpu_vms.sh --plan=FILE).")
 _RESPONSE_MEDIAN = flags.DEFINE_float(
     "response_median", 0.0, "Median response length the simulator and the train step's "
     "batch draw (lognormal, sigma 1, capped at rollout.max_new_tokens); 0: max_new_tokens / 8.")
@@ -153,7 +158,10 @@ def _assignments(c, spec, model, trainer_acc, rollout_acc, eta,
 
 
 def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
-         response_median: float = 0.0) -> dict:
+         response_median: float = 0.0, out: str | None = None, config_arg: str = "",
+         config_overrides: dict | None = None) -> dict:
+    """The plan's JSON; with `out`, the recommended split also as a plan file there, naming
+    the config as `config_arg` with `config_overrides` (the planner's --config.* flags)."""
     from asyncrl import config as config_lib
 
     try:
@@ -165,6 +173,9 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
         if trainer_acc.kind != rollout_acc.kind:
             raise UserError(f"--trainer={trainer_name} --rollout={rollout_name}: a CPU run "
                             f"places both on this host: --trainer=cpu --rollout=cpu")
+        if out:
+            raise UserError(f"--out={out}: a CPU run has no slices or machines to launch "
+                            f"(run it: python -m asyncrl.main)")
         return plan_host(c if eta is None else
                          config_lib.with_overrides(c, {"staleness.eta": eta}))
     spec = _spec(c, trainer_acc, rollout_acc, eta)
@@ -194,7 +205,7 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
                                       trainer_acc.chips + rollout_acc.chips if same else None)
     _print_plan(spec, given, predicted, recommended, concurrent, mean_len, median)
     print(f"planned in {time.perf_counter() - started:.0f} s")
-    return {
+    result = {
         "fits": True,
         "trainer": {"hbm_bytes_per_device": trainer.hbm_bytes_per_device,
                     "hbm_capacity_bytes": trainer.capacity,
@@ -210,6 +221,35 @@ def plan(c, trainer_name: str, rollout_name: str, eta: int | None = None,
             "trainer", "trainer_chips", "rollout", "rollout_chips", "eta",
             "predicted_staleflow_vs_sync")},
     }
+    if out:
+        _write_plan(out, config_arg, config_overrides or {}, spec, assignments, recommended,
+                    result)
+    return result
+
+
+def _write_plan(out, config_arg, config_overrides, spec, assignments, recommended,
+                result) -> None:
+    """The recommended split as a launch plan (asyncrl/plan/launch_plan.py)."""
+    from asyncrl.plan import launch_plan
+    from asyncrl.plan.parts import scaled_trainer
+
+    picked = next(a for a in assignments if a.label == recommended["assignment"])
+    trainer = scaled_trainer(picked.trainer, recommended["trainer_chips"])
+    rollout_acc = picked.rollout.accelerator.with_chips(recommended["rollout_chips"])
+    try:
+        plan = launch_plan.build(
+            config_arg, spec,
+            launch_plan.side(trainer.accelerator, trainer.hbm_bytes_per_device),
+            launch_plan.side(rollout_acc, picked.rollout.hbm_bytes_per_device),
+            recommended["eta"], picked.trainer.layout, result)
+    except launch_plan.PlanError as error:
+        raise UserError(f"--out={out}: {error}") from None
+    plan["overrides"] = {**config_overrides, **plan["overrides"]}
+    launch_plan.write(out, plan)
+    print(f"plan written to {out}: {recommended['trainer']} + {recommended['rollout']}, "
+          f"{plan['rollout']['instances']} instance(s) of {spec.mesh.devices_per_instance} "
+          f"chip(s), eta {recommended['eta']} (launch it: launch/"
+          f"{plan['trainer']['kind']}_vms.sh all --plan={out} ...)")
 
 
 def _layout_json(spec, layout) -> dict:
@@ -305,6 +345,10 @@ def plan_host(c) -> dict:
 def main(argv):
     if len(argv) > 1:
         raise UserError(f"unexpected arguments: {' '.join(argv[1:])}")
+    from ml_collections import config_flags
+
+    holder = flags.FLAGS["config"]
     result = plan(_CONFIG.value, _TRAINER.value, _ROLLOUT.value, _ETA.value,
-                  _RESPONSE_MEDIAN.value)
+                  _RESPONSE_MEDIAN.value, _OUT.value, config_flags.get_config_filename(holder),
+                  config_flags.get_override_values(holder))
     print(json.dumps(result))

@@ -8,6 +8,8 @@ Which splits are tried:
                      where each side's compiled plan fits its chips, and on each pool a
                      power-of-two share of it, down to a quarter (more chips never slow a
                      side; fewer may cost nothing when the other side sets the pace).
+Only slices one can rent are tried (`accelerators.rentable`: no 2-chip v6e), so the pick is
+one the launch scripts can create (asyncrl/plan/launch_plan.py).
 Each split is simulated synchronous (η = 0) and StaleFlow at each η; the pick is the least η
 within ETA_TOLERANCE of the best StaleFlow throughput found, then the fewest chips, then the
 higher throughput.
@@ -21,6 +23,7 @@ import os
 import tempfile
 
 from asyncrl.plan import predict
+from asyncrl.plan.accelerators import rentable
 from asyncrl.plan.hbm import DoesNotFit, param_count
 from asyncrl.plan.parts import Part, length_model, policy_bytes, scaled_trainer
 
@@ -123,20 +126,21 @@ def splits(assignment: Assignment, per_instance: int, same_kind: bool,
         out, t = [], 1
         while t < total:
             r = total - t
-            if r >= per_instance and (trainer.kind == "gpu" or r & (r - 1) == 0):
+            if (r >= per_instance and rentable(trainer.with_chips(t))
+                    and rentable(rollout.with_chips(r - r % per_instance))):
                 out.append((t, r - r % per_instance))
             t *= 2
         return out or [(trainer.chips, total - trainer.chips)]
 
-    def shares(chips, step):
-        out, n = [], chips
-        while n >= max(step, chips // SMALLEST_SHARE, 1):
-            if n % step == 0:
+    def shares(accelerator, step):
+        out, n = [], accelerator.chips
+        while n >= max(step, accelerator.chips // SMALLEST_SHARE, 1):
+            if n % step == 0 and rentable(accelerator.with_chips(n)):
                 out.append(n)
             n //= 2
-        return out
+        return out or [accelerator.chips]  # a size asked for, no share of it sold: as asked
 
-    return [(t, r) for t in shares(trainer.chips, 1) for r in shares(rollout.chips, per_instance)]
+    return [(t, r) for t in shares(trainer, 1) for r in shares(rollout, per_instance)]
 
 
 def recommend(spec, model, assignments: list[Assignment], etas, response_median: float,

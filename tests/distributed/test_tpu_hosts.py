@@ -41,6 +41,34 @@ def test_each_tpu_instance_actor_is_a_slice_of_its_own_owning_its_hosts_first_ch
     assert not set(ISOLATION) & cpu["runtime_env"]["env_vars"].keys()
 
 
+def test_instances_sharing_a_tpu_host_own_disjoint_chip_blocks_and_runtime_ports():
+    c = on_tpu_hosts(mesh__devices_per_instance=2, mesh__rollout_instances=8,
+                     distributed__instance_resource="asyncrl_rollout",
+                     distributed__instances_per_host=4)
+    resolve(c)
+    blocks = [instance_options(c, i) for i in range(8)]
+    envs = [o["runtime_env"]["env_vars"] for o in blocks]
+    # Instance i takes block i mod 4 and asks for that block's resource: Ray puts it on a
+    # host whose block is free, whichever host (a restarted instance too).
+    assert [o["resources"] for o in blocks] == [{f"asyncrl_rollout_{i % 4}": 1}
+                                                for i in range(8)]
+    assert [e["TPU_VISIBLE_CHIPS"] for e in envs[:4]] == ["0,1", "2,3", "4,5", "6,7"]
+    assert envs[4] == envs[0]
+    assert [e["TPU_PROCESS_PORT"] for e in envs[:4]] == ["8476", "8477", "8478", "8479"]
+    assert {e["TPU_PROCESS_ADDRESSES"] for e in envs[:4]} == {
+        f"localhost:{p}" for p in range(8476, 8480)}
+    assert {e["TPU_CHIPS_PER_PROCESS_BOUNDS"] for e in envs} == {"1,2,1"}
+    with pytest.raises(ConfigError, match=r"config.distributed.instances_per_host = 8 is not "
+                       r"allowed: at most 4 instances of 2 chip\(s\)"):
+        resolve(with_overrides(c, {"distributed.instances_per_host": 8}))
+    with pytest.raises(ConfigError, match=r"instances_per_host = 2 is not allowed: 1 unless "
+                       r"distributed.instance_platform = 'tpu' and an instance_resource"):
+        resolve(with_overrides(c, {"distributed.instances_per_host": 2,
+                                   "distributed.instance_resource": ""}))
+    with pytest.raises(ClusterError, match="chip block 2 of 4 chip"):
+        tpu_isolation(4, 2)
+
+
 def test_an_instance_size_no_tpu_host_holds_is_refused_naming_the_field():
     with pytest.raises(ConfigError, match=r"config.mesh.devices_per_instance = 3 is not allowed: "
                        r"1, 2, 4 or 8 with distributed.instance_platform = 'tpu'"):
@@ -66,5 +94,5 @@ def test_the_launch_scripts_read_the_variables_from_the_command_line():
     bad = subprocess.run(command[:-1] + ["--tpu-isolation=6"], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": os.getcwd()})
     assert bad.returncode == 1 and bad.stdout == ""
-    assert bad.stderr == ("error: --tpu-isolation: a TPU process alone on its host owns "
+    assert bad.stderr == ("error: --tpu-isolation: a TPU process on its host owns "
                           "1, 2, 4 or 8 chips, not 6\n")
