@@ -40,6 +40,9 @@ def _parse():
     parser.add_argument("--bucket-mb", type=float, default=16)
     parser.add_argument("--pause-s", type=float, default=0.0)  # between buckets pulled
     parser.add_argument("--timeout-s", type=float, default=30.0)
+    # A trainer: serve through asyncrl.distributed.shard_service (process 0 answers for the
+    # group, asking the other process through jax.distributed's key-value store).
+    parser.add_argument("--service", action="store_true")
     return parser.parse_args()
 
 
@@ -125,7 +128,14 @@ def trainer() -> None:
     master = build(0)
     bucket_bytes = int(ARGS.bucket_mb * 2**20)
     layout = ws.plan_layout(master, bucket_bytes, ROLLOUT_DTYPE)
-    holder = ws.ShardHolder(ARGS.host)
+    service = None
+    if ARGS.service:
+        from asyncrl.distributed.shard_service import ShardService
+
+        service = ShardService(layout, ARGS.host)
+        holder = service.holder
+    else:
+        holder = ws.ShardHolder(ARGS.host)
     to_policy = jax.jit(lambda leaves: [x.astype(ROLLOUT_DTYPE) for x in leaves])
     peak = Peak()
     shard_bytes = sum(s.data.nbytes for x in master for s in x.addressable_shards)
@@ -138,8 +148,12 @@ def trainer() -> None:
             master = None  # the trainer's step: new weights in place of the old
             master = jax.block_until_ready(build(command["version"]))
             start = time.perf_counter()  # what the trainer's thread waits for
-            holder.retire()
-            holder.stage(command["version"], ws.stage_buckets(layout, command["version"], master))
+            if service is not None:
+                service.stage(command["version"], master)
+            else:
+                holder.retire()
+                holder.stage(command["version"],
+                             ws.stage_buckets(layout, command["version"], master))
             blocked = time.perf_counter() - start
             jax.block_until_ready(list(holder._versions[command["version"]].values()))
             say(staged=command["version"], staged_bytes=holder.staged_bytes(), blocked_s=blocked)
@@ -158,6 +172,13 @@ def trainer() -> None:
                              ws.stage_buckets(whole, command["version"], leaves))
                 answer["layout"] = base64.b64encode(pickle.dumps(whole)).decode()
             say(**answer)
+        elif command["cmd"] == "group_offer":  # process 0, with --service
+            offers = service.offers(command["version"], command["requester"])
+            say(offers=None if offers is None else [[a, ids] for a, ids in offers])
+        elif command["cmd"] == "group_ack":
+            service.acknowledge([(a, {int(b): u for b, u in ids.items()})
+                                 for a, ids in command["offers"]], command["kind"])
+            say(done=True)
         else:
             serve(holder, command, peak)
 

@@ -13,6 +13,7 @@ without them the tests fail, naming what is missing.
 
 import importlib.util
 import os
+import subprocess
 import pathlib
 import sys
 
@@ -230,3 +231,41 @@ def test_a_relay_lost_mid_pull_its_child_resumes_from_another_holder_and_the_hos
                           "--timeout-s=10")
     assert [s["staged"] for s in sc.stage(trainers, version + 1)] == [version + 1] * 2
     sc.pull_version(trainers, rollouts, layout, version + 1, FANOUT)
+
+
+def test_process_0_answers_for_the_group_through_its_key_value_store():
+    """asyncrl/distributed/shard_service.py on loopback: a puller that talks to process 0
+    alone gets every bucket, each from the process that owns it."""
+    def popen(argv, env, **kwargs):
+        return subprocess.Popen(argv, env={**os.environ, **env}, **kwargs)
+
+    loop = "127.0.0.1"
+    trainers = sc.start_trainers([popen, popen], ["p0", "p1"], [loop, loop],
+                                 f"{loop}:{_free_port()}", "--rows=256", "--bucket-mb=0.25",
+                                 "--service")
+    receiver = sc.Node(popen, "receiver", loop, "rollout")
+    try:
+        layout = sc.layout_of(trainers)
+        assert layout.processes == [0, 1]
+        assert [s["staged"] for s in sc.stage(trainers, 1)] == [1, 1]
+        offers = trainers[0].ask(cmd="group_offer", version=1, requester="receiver")["offers"]
+        assert {address for address, _ in offers} == {t.address for t in trainers}
+        assert receiver.ask(cmd="pull", version=1, offers=offers,
+                            layout=trainers[0].ready["layout"])["ok"]
+        trainers[0].ask(cmd="group_ack", offers=offers, kind="pulled")
+        for process, node in enumerate(trainers):
+            assert node.ask(cmd="stats")["served"] == {"1": len(layout.bucket_ids(process))}
+        # Process 1 has not staged version 2 yet: no offer, and process 0's is drained.
+        trainers[0].send(cmd="stage", version=2)
+        assert trainers[0].next()["staged"] == 2
+        one = trainers[0].ask(cmd="stats")["staged_bytes"]
+        assert trainers[0].ask(cmd="group_offer", version=2, requester="receiver")["offers"] is None
+        assert trainers[0].ask(cmd="stats")["staged_bytes"] == one
+        trainers[1].send(cmd="stage", version=2)
+        assert trainers[1].next()["staged"] == 2
+        offers = trainers[0].ask(cmd="group_offer", version=2, requester="receiver")["offers"]
+        assert receiver.ask(cmd="pull", version=2, offers=offers)["ok"]
+        trainers[0].ask(cmd="group_ack", offers=offers, kind="pulled")
+    finally:
+        for node in [*trainers, receiver]:
+            node.close()
