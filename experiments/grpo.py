@@ -207,7 +207,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # is a Ray actor owning its JAX runtime (coordinator, trainer, rewards stay here).
     c.distributed.backend = "local"
     # 'auto': device_put for local, object_store for ray; or 'jax_transfer' (ray,
-    # device to device through jax.experimental.transfer).
+    # device to device through jax.experimental.transfer), or 'shards' (ray: every trainer
+    # process serves its own shards in checked buckets, no gather; shard_service.py).
     c.distributed.transport = "auto"
     # 'local': start a Ray head inside this process, on 127.0.0.1 only (one machine);
     # 'host:port' or 'auto': join a cluster `ray start`ed beforehand (launch/).

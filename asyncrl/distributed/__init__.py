@@ -30,6 +30,7 @@ TRANSPORTS = Registry("weight transport")
 TRANSPORTS.add("device_put", {"backends": ("local",), "class": "DevicePutTransport"})
 TRANSPORTS.add("object_store", {"backends": ("ray",), "class": "ObjectStoreTransport"})
 TRANSPORTS.add("jax_transfer", {"backends": ("ray",), "class": "JaxTransferTransport"})
+TRANSPORTS.add("shards", {"backends": ("ray",), "class": "ShardTransport"})
 AUTO_TRANSPORT = {"local": "device_put", "ray": "object_store"}
 
 

@@ -159,6 +159,7 @@ class InstanceActor:
                         **kv.engine_kwargs())
         self.node = node_address()
         receiver_kwargs = {"jax_transfer": {"host": receiver_host(spec.transfer_host, self.node)},
+                           "shards": {"host": receiver_host(spec.transfer_host, self.node)},
                            "object_store": {"get_timeout_s": spec.pull_timeout_s}}.get(spec.transport, {})
         self.receiver = make_receiver(spec.transport, **receiver_kwargs)
         self.outbox = Outbox()

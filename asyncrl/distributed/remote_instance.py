@@ -246,6 +246,7 @@ class RemoteInstance:
                 handle = self._publisher.offer(self.id, newer_than)
                 self._command("offer", (request, handle))
             elif kind == "pulled":
+                self._publisher.pulled(item[2])
                 self._publisher.pull_seconds.append(item[3])
             elif kind == "failed":
                 self._fail(f"reported an error: {item[1]}")

@@ -57,6 +57,9 @@ class WeightPublisher:
         self.sender.stage(version, params)
         self.push_seconds.append(time.perf_counter() - start)
 
+    def pulled(self, transfer_id: str) -> None:
+        self.sender.pulled(transfer_id)
+
     def offer(self, instance: int, newer_than: int) -> WeightHandle | None:
         """The newest weights under a fresh transfer id, or None if none is newer."""
         if self.sender.version <= newer_than:
@@ -124,6 +127,8 @@ class RayInstances:
             if name == "jax_transfer":
                 layout = shardings_for(policy.params, layout_mesh, ShardingRules.replicated())
                 kwargs = {"host": c.distributed.transfer_host}
+            elif name == "shards":  # every trainer process serves its own (shard_service)
+                kwargs = {"offer_timeout_s": c.distributed.pull_timeout_s}
             self.publisher = WeightPublisher(make_sender(name, layout, **kwargs))
         except BaseException:
             self.cluster.close()

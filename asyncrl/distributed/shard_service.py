@@ -9,7 +9,14 @@ is inside the group's collectives (a Ray call to a follower actor would queue be
     offers = service.offers(version, requester)   # process 0: every bucket, from its owner
     service.acknowledge(offers)                   # process 0: the puller has them
     service.acknowledge(offers, "abandoned")      # ... or gave up: each owner drains its own
+    weights = service.fetch(version, device)      # process 0: the whole model, pulled, checked
     service.close()
+
+The run (distributed.transport = 'shards') makes one per trainer process
+(`for_trainer`, from asyncrl.distributed.trainer_ops) and stages every version there instead
+of gathering; process 0's transport (asyncrl.distributed.transport `ShardSender`) offers what
+an instance asks for; process 0's evaluations `fetch` the weights like an instance would
+(`Weights`, what the run loop holds in place of host arrays).
 
 Requests are numbered; process 0 writes `asyncrl/shards/request/<n>` and waits for each
 owner's `asyncrl/shards/answer/<n>/<process>` (at most `timeout_s`), deleting both once read,
@@ -36,6 +43,47 @@ class ServiceTimeout(TimeoutError):
     """A trainer process did not answer process 0's request in time; names it."""
 
 
+_current: list["ShardService"] = []  # this process's, once the trainer made it
+
+
+def current() -> "ShardService":
+    if not _current:
+        raise RuntimeError("distributed.transport = 'shards': no weight shard service in this "
+                           "process (the trainer makes it with the first version it stages)")
+    return _current[0]
+
+
+def for_trainer(leaves, host: str, dtype, bucket_bytes: int = ws.DEFAULT_BUCKET_BYTES,
+                timeout_s: float = 60.0) -> "ShardService":
+    """This process's service for the trainer's `leaves` (the master weights, sent in the
+    policy's `dtype`), made once; every process of the group makes its own."""
+    if not _current:
+        treedef = jax.tree.structure(leaves)
+        service = ShardService(ws.plan_layout(jax.tree.leaves(leaves), bucket_bytes, dtype), host,
+                               timeout_s=timeout_s)
+        service.treedef = treedef
+        _current.append(service)
+    return _current[0]
+
+
+def close_current() -> None:
+    """Stops this process's service (the run is over): a next run makes its own."""
+    while _current:
+        _current[0].close()
+
+
+class Weights:
+    """A version the group staged, on process 0 in place of host arrays: `fetch` them onto a
+    device when something here needs them (an evaluation)."""
+
+    def __init__(self, service: "ShardService", version: int):
+        self.service, self.version = service, version
+
+    def fetch(self, device):
+        leaves = self.service.fetch(self.version, device)
+        return jax.tree.unflatten(self.service.treedef, leaves)
+
+
 class ShardService:
     def __init__(self, layout: ws.Layout, host: str = "127.0.0.1", client=None,
                  process: int | None = None, timeout_s: float = 60.0):
@@ -44,8 +92,11 @@ class ShardService:
         self.layout = layout
         self.holder = ws.ShardHolder(host)
         self.process = jax.process_index() if process is None else process
-        self.client = client if client is not None else distributed.global_state.client
         self.owners = [p for p in layout.processes if p != 0]
+        # A group of one process has no store, and needs none.
+        self.client = client if client is not None or not self.owners else \
+            distributed.global_state.client
+        self.treedef = None
         self.timeout_s = timeout_s
         self._numbers = itertools.count()
         self._lock = threading.Lock()
@@ -61,7 +112,7 @@ class ShardService:
         """This process's buckets of `leaves` as `version`, after retiring what no offer is
         out for (one staged version beside the trainer's own shards)."""
         self.holder.retire()
-        self.holder.stage(version, ws.stage_buckets(self.layout, version, leaves))
+        self.holder.stage(version, ws.stage_buckets(self.layout, version, jax.tree.leaves(leaves)))
 
     # ---------------------------------------------------------------- every owner
 
@@ -143,7 +194,29 @@ class ShardService:
             uuids.setdefault(str(self._owner_of[address]), []).extend(ids.values())
         self._ask({"kind": kind, "uuids": uuids})
 
+    def fetch(self, version: int, device) -> list[jax.Array]:
+        """Process 0: every bucket of `version` pulled onto `device`, checked, assembled."""
+        offers = ws.wait_for_offers(lambda: self.offers(version, "process 0"), self.timeout_s,
+                                    f"weights version {version} for process 0")
+        got: dict = {}
+        try:
+            ws.pull_buckets(self.holder, offers, self.layout, version, device, got,
+                            timeout_s=self.timeout_s)
+        finally:
+            self.settle(offers, got)
+        return ws.assemble(self.layout, got)
+
+    def settle(self, offers, got) -> None:
+        """Acknowledges the offers of the buckets in `got` and abandons the others."""
+        for kind, keep in (("pulled", True), ("abandoned", False)):
+            part = [(a, {b: u for b, u in ids.items() if (b in got) == keep})
+                    for a, ids in offers]
+            if any(ids for _, ids in part):
+                self.acknowledge(part, kind)
+
     def close(self) -> None:
+        if self in _current:
+            _current.remove(self)
         self._stopped.set()
         if self._thread is not None:
             self._thread.join(5)

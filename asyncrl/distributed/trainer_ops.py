@@ -6,7 +6,7 @@ one `TrainerGroup`, whose methods are the only operations that touch the trainer
     group = TrainerGroup(trainer, checkpointer)
     batch = group.next_batch(fetch)              # process 0's fetch(); None: the loop ends
     state, metrics = group.step(state, batch)
-    params = group.host_params(state)            # for the rollouts and the evaluator
+    params = group.host_params(state, step)      # for the rollouts and the evaluator
     if group.agree(flag): ...                    # process 0's flag, on every process
     group.save(state, resume)                    # the Orbax checkpoint
     group.stop()                                 # checkpoints close
@@ -50,6 +50,23 @@ _NAMES = {BATCH: "next batch", STEP: "train step", PARAMS: "weight gather",
           FAIL: "stop (process 0 failed)"}
 
 
+def shard_settings(c) -> dict | None:
+    """What `TrainerGroup` needs to serve weights where they live, or None when the run
+    moves them otherwise: the address this process serves on (the configured transfer host
+    on process 0 or on one machine, else this node's address) and the policy's dtype."""
+    from asyncrl.distributed import transport_name
+
+    if transport_name(c.distributed) != "shards":
+        return None
+    host = c.distributed.transfer_host
+    if jax.process_index() != 0 and host not in ("127.0.0.1", "localhost", "::1"):
+        import ray
+
+        host = ray.util.get_node_ip_address()
+    return {"host": host, "dtype": c.model.param_dtype,
+            "timeout_s": c.distributed.pull_timeout_s}
+
+
 class TrainerGroupError(RuntimeError):
     """A collective of the trainer group failed: a process died or left the group."""
 
@@ -57,8 +74,10 @@ class TrainerGroupError(RuntimeError):
 class TrainerGroup:
     """This process's side of each collective of the trainer (see the module doc)."""
 
-    def __init__(self, trainer: Trainer, checkpointer: Checkpointer):
-        self.trainer, self.checkpointer = trainer, checkpointer
+    def __init__(self, trainer: Trainer, checkpointer: Checkpointer, shards: dict | None = None):
+        """`shards`: serve the weights where they live (distributed.transport = 'shards';
+        `shard_settings`) instead of gathering them to process 0."""
+        self.trainer, self.checkpointer, self.shards = trainer, checkpointer, shards
         self.processes = jax.process_count()
         self.lead = jax.process_index() == 0
         self._broken = False  # a collective failed: the others cannot be told anything more
@@ -90,10 +109,18 @@ class TrainerGroup:
         self._trained = self._next
         return out
 
-    def host_params(self, state: TrainState):
+    def host_params(self, state: TrainState, version: int):
         """Weights process 0 can hand to its rollouts and evaluator. In a group the arrays
         span every process (not addressable here): every process takes part in gathering
-        them, process 0 alone gets host copies, the others None."""
+        them, process 0 alone gets host copies, the others None. Served where they live
+        (`shards`), every process stages its own shards as `version` and process 0 gets a
+        `shard_service.Weights` naming it (no collective, no gather)."""
+        if self.shards is not None:
+            from asyncrl.distributed import shard_service
+
+            service = shard_service.for_trainer(state.params, **self.shards)
+            service.stage(version, state.params)
+            return shard_service.Weights(service, version) if self.lead else None
         if self.processes == 1:
             return self.trainer.policy_params(state.params)
         with self._collective(PARAMS, {}):
@@ -131,6 +158,10 @@ class TrainerGroup:
         finally:
             group_watch.stop()
             self.checkpointer.close()
+            if self.shards is not None:
+                from asyncrl.distributed import shard_service
+
+                shard_service.close_current()
 
     @contextlib.contextmanager
     def _collective(self, op: int, header: dict | None, what: str = ""):

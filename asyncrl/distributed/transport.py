@@ -11,6 +11,10 @@
   jax_transfer  `jax.experimental.transfer`: the receiver pulls device buffers straight from
                 the sender's transfer server (device to device where the platform has a path;
                 on CPU through sockets).
+  shards        served where they live (asyncrl/distributed/shard_service.py): every trainer
+                process stages its own shards in checked buckets, no gather; the receiver
+                pulls each bucket from the process that owns it, through
+                jax.experimental.transfer.
 
 Every pull is named by a handle: the version, a transfer id never used twice, and what the
 receiver must expect (shapes and dtypes, checked). Arrays therefore never pair up by call
@@ -37,13 +41,14 @@ import dataclasses
 import itertools
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from asyncrl.distributed import TRANSPORTS
+from asyncrl.distributed.watchdog import TransportTimeout, watched  # noqa: F401 (re-exported)
 
 PyTree = Any
 
@@ -56,10 +61,6 @@ class WeightHandle:
     transfer_id: str  # unique per offer: f"v{version}/{receiver}/#{n}"
     avals: tuple[tuple[tuple[int, ...], str], ...]
     payload: Any  # transport-specific: the arrays, an ObjectRef, (address, uuid)
-
-
-class TransportTimeout(TimeoutError):
-    """A pull that did not finish in time; the message names version, id and receiver."""
 
 
 class TransportMismatch(ValueError):
@@ -120,11 +121,67 @@ class Sender:
     def _pack(self, version: int, leaves: list) -> tuple[Any, tuple]:
         raise NotImplementedError
 
+    def pulled(self, transfer_id: str) -> None:
+        """The receiver has the weights of `transfer_id` (ShardSender acknowledges them)."""
+
     def _for_one_pull(self, payload: Any, transfer_id: str) -> Any:
         return payload
 
     def close(self) -> None:
         pass
+
+
+class ShardSender(Sender):
+    """The trainer group's shard service (every process staged the version in its trainer
+    step): `stage` records the version, `offer` asks every process for its buckets. Offers
+    are acknowledged when the instance reports the pull (`pulled`); a newer request from the
+    same receiver gives up the one before it (`abandon`), so nothing stays staged for a
+    receiver that died mid-pull."""
+
+    def __init__(self, layout=None, offer_timeout_s: float = 120.0):
+        super().__init__(layout)
+        self.offer_timeout_s = offer_timeout_s
+        self._pending: dict[str, tuple[str, list]] = {}  # transfer id -> receiver, offers
+
+    def stage(self, version: int, params: PyTree) -> None:
+        with self._lock:
+            self._staged = (version, None, ())
+
+    def offer(self, receiver: str) -> WeightHandle:
+        from asyncrl.distributed import shard_service, weight_shards
+
+        service = shard_service.current()
+        with self._lock:
+            if self._staged is None:
+                raise LookupError(f"{receiver} asked for weights before any were staged")
+            version = self._staged[0]
+            transfer_id = f"v{version}/{receiver}/#{next(self._counter)}"
+            stale = [t for t, (r, _) in self._pending.items() if r == receiver]
+        for t in stale:
+            self.abandon(t)
+        offers = weight_shards.wait_for_offers(
+            lambda: service.offers(version, receiver), self.offer_timeout_s,
+            f"weights version {version} for {receiver}")
+        with self._lock:
+            self._pending[transfer_id] = (receiver, offers)
+        avals = tuple((shape, dtype) for shape, dtype in service.layout.leaves)
+        return WeightHandle(version, transfer_id, avals, (service.layout, offers))
+
+    def pulled(self, transfer_id: str) -> None:
+        from asyncrl.distributed import shard_service
+
+        with self._lock:
+            pending = self._pending.pop(transfer_id, None)
+        if pending is not None:
+            shard_service.current().acknowledge(pending[1])
+
+    def abandon(self, transfer_id: str) -> None:
+        from asyncrl.distributed import shard_service
+
+        with self._lock:
+            pending = self._pending.pop(transfer_id, None)
+        if pending is not None:
+            shard_service.current().acknowledge(pending[1], "abandoned")
 
 
 class DevicePutSender(Sender):
@@ -229,9 +286,34 @@ class JaxTransferReceiver(Receiver):
         return _unflatten_like(shardings, jax.block_until_ready(leaves))
 
 
+class ShardReceiver(Receiver):
+    """Pulls every bucket a ShardSender's handle offers, checks each, assembles the weights
+    on the instance's shardings."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        from asyncrl.distributed.weight_shards import ShardHolder
+
+        self.holder = ShardHolder(host)  # its transfer server, to connect with
+        self.address = self.holder.address
+
+    def receive(self, handle, shardings):
+        from asyncrl.distributed import weight_shards
+
+        layout, offers = handle.payload
+        flat = jax.tree.leaves(shardings)
+        device = next(iter(flat[0].device_set))
+        got = weight_shards.pull_buckets(self.holder, offers, layout, handle.version, device)
+        leaves = weight_shards.assemble(layout, got, flat)
+        return _unflatten_like(shardings, jax.block_until_ready(leaves))
+
+    def close(self) -> None:
+        self.holder.close()
+
+
 _CLASSES = {"DevicePutTransport": (DevicePutSender, DevicePutReceiver),
             "ObjectStoreTransport": (ObjectStoreSender, ObjectStoreReceiver),
-            "JaxTransferTransport": (JaxTransferSender, JaxTransferReceiver)}
+            "JaxTransferTransport": (JaxTransferSender, JaxTransferReceiver),
+            "ShardTransport": (ShardSender, ShardReceiver)}
 
 
 def make_sender(name: str, layout: PyTree | None = None, **kwargs) -> Sender:
@@ -243,29 +325,6 @@ def make_receiver(name: str, **kwargs) -> Receiver:
 
 
 # ---------------------------------------------------------------------------- the watchdog
-
-
-def watched(fn: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    """fn() in a thread, waited for at most timeout_s; TransportTimeout naming `what` after.
-
-    A pull blocked in C++ cannot be interrupted: its thread is a daemon, abandoned, and the
-    caller treats the instance as failed (its process is then replaced)."""
-    box: dict[str, Any] = {}
-
-    def target():
-        try:
-            box["value"] = fn()
-        except BaseException as error:  # re-raised in the caller's thread
-            box["error"] = error
-
-    thread = threading.Thread(target=target, name=f"pull {what}", daemon=True)
-    thread.start()
-    thread.join(timeout_s)
-    if thread.is_alive():
-        raise TransportTimeout(f"{what}: not done after {timeout_s:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
 
 
 def pull_watched(receiver: Receiver, handle: WeightHandle, shardings: PyTree, expected: PyTree,

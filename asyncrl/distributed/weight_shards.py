@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import logging
 import math
 import threading
 import time
@@ -44,6 +45,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from asyncrl.distributed.watchdog import TransportTimeout, watched
+
+log = logging.getLogger(__name__)
 
 TRAILER_BYTES = 16  # version (2 x uint32), bucket id, checksum
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -337,11 +342,12 @@ class ShardHolder:
             avals = [jax.ShapeDtypeStruct(a.shape, a.dtype,
                                           sharding=jax.sharding.SingleDeviceSharding(device))
                      for a in buckets]
-            from asyncrl.distributed.transport import watched
-
             for (uuid, _), aval in zip(taken, avals):
-                watched(lambda: jax.block_until_ready(connection.pull(uuid, [aval])),
-                        self.drain_timeout_s, f"draining offer {uuid} at {self.address}")
+                try:
+                    watched(lambda: jax.block_until_ready(connection.pull(uuid, [aval])),
+                            self.drain_timeout_s, f"draining offer {uuid} at {self.address}")
+                except Exception as error:  # taken after all (its puller was mid-pull)
+                    log.warning("weight shards: %s", error)
         self.pulled([u for u, _ in taken])
 
     def close(self) -> None:
@@ -357,8 +363,6 @@ def pull_buckets(holder: ShardHolder, offers: list[tuple[str, dict[int, int]]], 
     through `holder`'s transfer server, each checked (`verify`) as it arrives and added to
     `have`. A holder that fails or goes silent (each bucket waited for at most `timeout_s`)
     raises; `have` keeps what arrived, so the rest can be pulled from another holder."""
-    from asyncrl.distributed.transport import watched
-
     sharding = jax.sharding.SingleDeviceSharding(device)
     have = {} if have is None else have
     for address, ids in offers:
@@ -449,8 +453,6 @@ def wait_for_offers(ask, timeout_s: float, what: str, poll_s: float = 0.01):
     deadline = time.monotonic() + timeout_s
     while (offers := ask()) is None:
         if time.monotonic() > deadline:
-            from asyncrl.distributed.transport import TransportTimeout
-
             raise TransportTimeout(f"{what}: no holder offered it in {timeout_s:.1f} s")
         time.sleep(poll_s)
     return offers

@@ -36,7 +36,7 @@ from asyncrl.drivers.local import local_rollouts
 from asyncrl.drivers.rollouts import Rollouts
 from asyncrl.drivers.threaded import StopRequested
 from asyncrl.distributed.trainer_group import check_devices_per_process
-from asyncrl.distributed.trainer_ops import TrainerGroup
+from asyncrl.distributed.trainer_ops import TrainerGroup, shard_settings
 from asyncrl.errors import local_workdir
 from asyncrl.eval.accuracy import BackgroundEvaluator, EngineSettings, EvalResult, Evaluator
 from asyncrl.model import graphdef_for
@@ -105,12 +105,12 @@ def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str,
     # The trainer holds its own copy now. Kept, the loaded weights would stay resident for
     # the whole run (on a CPU host, 0.5 GB of the default run's memory).
     policy.params = None
-    group = TrainerGroup(trainer, ckpt)
+    group = TrainerGroup(trainer, ckpt, shard_settings(c))
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     if lead is None:  # the console's one line from this process: where it began
         print(f"trainer group process {jax.process_index()}: {source}; following process 0",
               file=sys.stderr)
-    params = group.host_params(state)
+    params = group.host_params(state, step)
 
     # ---------------------------------------------------------------- train loop
     failed = True  # until the loop ends normally: the group's other processes learn which
@@ -126,7 +126,7 @@ def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str,
             # syncing to it would otherwise stall inside its pull until the step is done.
             state = jax.block_until_ready(state)
             step += 1
-            params = group.host_params(state)
+            params = group.host_params(state, step)
             if lead:
                 lead.trained(step, metrics, params)
             if (step % (c.checkpoint.every_steps or c.train.steps) == 0 and step < c.train.steps
@@ -139,7 +139,9 @@ def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str,
         if step > 0 and ckpt.latest_step() != step:
             group.save(state, lead.checkpointing() if lead else None)
         if step >= c.train.steps:  # the final evaluation's weights, while the group is there
-            params = group.host_params(state)
+            params = group.host_params(state, step)
+            if lead:  # served where they live: pulled while every process still serves
+                params = lead.arrays(params)
         failed = False
     finally:
         if lead:
@@ -188,8 +190,9 @@ class Lead:
         self.record = RunLog(self.workdir, self.progress, self.layout,
                              resume.run_wall_s if resume is not None else 0.0)
         if "before" not in self.record.results:
-            self.record.before(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
-                                                  "before", self.workdir))
+            self.record.before(*evaluate_reported(self.c, self.data, self.evaluate,
+                                                  self.arrays(params), step, "before",
+                                                  self.workdir))
         self.record.open(step, self.chrono, self.background, self.rollouts, self.c.log,
                          config_json(self.c))
         self.progress.start(step)
@@ -227,8 +230,17 @@ class Lead:
         self.rollouts.publish(step, params)
         if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
             self.record.evaluating(step)
-            submit_evaluation(self.background, self.rollouts, step, params)
+            submit_evaluation(self.background, self.rollouts, step, self.arrays(params))
         self.record.step(self.late.push(step, metrics))
+
+    def arrays(self, params):
+        """The weights as arrays: pulled onto the evaluation's mesh when the group serves
+        them where they live (distributed.transport = 'shards'), else as they are."""
+        from asyncrl.distributed.shard_service import Weights
+
+        if isinstance(params, Weights):
+            return params.fetch(self.evaluate.mesh.devices.flat[0])
+        return params
 
     def _nothing_to_learn(self, step: int, message: str | None, metrics=None) -> None:
         """What LearningSignalWatch found, if anything: said once, or the run's end (`metrics`:
@@ -290,8 +302,9 @@ class Lead:
                             "no checkpoint was written (none before the first step): a rerun "
                             "starts from the beginning")
             return self.record.results
-        self.record.after(*evaluate_reported(self.c, self.data, self.evaluate, params, step,
-                                             "after", self.workdir), step, self.c.eval.heldout_size)
+        self.record.after(*evaluate_reported(self.c, self.data, self.evaluate,
+                                             self.arrays(params), step, "after", self.workdir),
+                          step, self.c.eval.heldout_size)
         return self.record.results
 
 

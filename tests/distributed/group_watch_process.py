@@ -37,7 +37,7 @@ def main(address: str, process_id: int, heartbeat_timeout_s: float) -> None:
     state = types.SimpleNamespace(params={"w": np.arange(4, dtype=np.float32)})
     group = TrainerGroup(trainer, checkpointer)
     for i in itertools.count():
-        group.host_params(state)
+        group.host_params(state, 0)
         if process_id == 0:
             print(f"gathered {i}", flush=True)
             time.sleep(0.2)

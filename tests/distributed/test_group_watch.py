@@ -104,10 +104,10 @@ def test_the_trainer_group_names_each_collective_to_the_watch(monkeypatch):
     group = trainer_ops.TrainerGroup(trainer, types.SimpleNamespace(close=lambda: None))
     group.processes = 2
     state = types.SimpleNamespace(params={"w": np.zeros(2)})
-    group.host_params(state)
+    group.host_params(state, 0)
     batch = group.next_batch(lambda: synthetic_batch(6, ModelConfig.tiny()))  # trains step 7
     group.step(state, batch)
-    group.host_params(state)
+    group.host_params(state, 0)
     assert group.next_batch(lambda: None) is None
     group.stop()
     assert seen == ["the weight gather before the first train step",

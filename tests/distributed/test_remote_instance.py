@@ -32,6 +32,10 @@ class FakeActor:
 class Publisher:
     def __init__(self):
         self.pull_seconds = []
+        self.acknowledged = []
+
+    def pulled(self, transfer_id):
+        self.acknowledged.append(transfer_id)
 
     def offer(self, instance, newer_than):
         return None if newer_than >= 3 else ("handle", instance, 3)
@@ -97,6 +101,7 @@ def test_queued_work_handed_back_is_passed_on_and_weights_are_offered_on_request
     assert actor.sent == [("command", 1, "offer", (7, ("handle", 1, 3))),
                           ("command", 2, "offer", (8, None))]
     assert remote._publisher.pull_seconds == [0.5]
+    assert remote._publisher.acknowledged == ["v3/x/#0"]  # what the transport may now let go
 
 
 def test_the_snapshot_counts_what_the_actor_has_not_applied_yet():

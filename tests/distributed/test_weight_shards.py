@@ -11,10 +11,10 @@ pulling it in bfloat16 through a relay tree. Needs root and iproute2 (CI runs as
 without them the tests fail, naming what is missing.
 """
 
-import importlib.util
+import json
 import os
-import subprocess
 import pathlib
+import subprocess
 import sys
 
 import jax
@@ -25,6 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from asyncrl.distributed import weight_shards as ws
 from benchmarks import shard_cluster as sc
+from tests.distributed.test_hosts import emulated_hosts
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FANOUT = 2  # the trainer serves each version to at most two hosts
@@ -126,13 +127,6 @@ def test_the_relay_tree_bounds_what_the_trainer_serves():
 
 
 # ------------------------------------------------------------------ across emulated hosts
-
-if "emulated_hosts" not in sys.modules:  # launch/ is scripts, not a package
-    _spec = importlib.util.spec_from_file_location("emulated_hosts",
-                                                   ROOT / "launch" / "emulated_hosts.py")
-    sys.modules["emulated_hosts"] = importlib.util.module_from_spec(_spec)
-    _spec.loader.exec_module(sys.modules["emulated_hosts"])
-emulated_hosts = sys.modules["emulated_hosts"]
 
 
 @pytest.fixture(scope="module")
@@ -269,3 +263,32 @@ def test_process_0_answers_for_the_group_through_its_key_value_store():
     finally:
         for node in [*trainers, receiver]:
             node.close()
+
+
+def test_the_run_under_ray_serves_a_trainer_groups_weights_where_they_live(tmp_path):
+    """The whole thing: the tiny job with its trainer a group of two processes (the driver
+    and a follower actor) and two instance actors, weights moved by distributed.transport =
+    'shards': every trainer process stages its own shards, instances and process 0's
+    evaluations pull them bucket by bucket, checked (asyncrl/distributed/shard_service.py)."""
+    from asyncrl.metrics import read_metrics
+    from tests.test_system import assert_every_entry_accounted_once
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run(
+        [sys.executable, "-m", "asyncrl.main", "--config=experiments/grpo.py:tiny",
+         f"--workdir={tmp_path}", "--config.train.steps=2", "--config.eval.heldout_size=8",
+         "--config.distributed.backend=ray", "--config.distributed.trainer_processes=2",
+         "--config.distributed.transport=shards",
+         # Logical CPUs: the follower and both instances each ask for one, on two cores.
+         "--config.distributed.ray_num_cpus=4"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    rows = read_metrics(tmp_path / "metrics.jsonl")
+    assert results["steps"] == 2 and "after" in results and "before" in results
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(0 <= lag <= 2 for r in rows for lag in r["staleness"])  # eta = 2
+    assert_every_entry_accounted_once(rows, results["protocol"])
+    last = rows[-1]
+    assert last["failed_instances"] == 0 and last["pull_s_mean"] > 0
+    assert last["instance0_finished"] > 0 and last["instance1_finished"] > 0
