@@ -54,17 +54,23 @@ def gpu_vms(hosts, phase: str, *args: str, background: bool = False, timeout: fl
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def hosts():
+def hosts_up(n: int, needed_by: str):
+    """`n` emulated hosts owned by this process; without root or iproute2 the test fails
+    naming what is missing (never skipped)."""
     try:
         emulated_hosts.require_root_and_ip()
     except RuntimeError as error:
-        pytest.fail(f"tests/distributed/test_hosts.py needs root and iproute2: {error}")
+        pytest.fail(f"{needed_by} needs root and iproute2: {error}")
+    return emulated_hosts.EmulatedHosts.up(n, owner_pid=os.getpid())
+
+
+@pytest.fixture(scope="module")
+def hosts():
     # The suite's compilation cache (tests/conftest.py) for every process on the hosts, whose
     # environment is made fresh: one filesystem, so they share its programs. Machine
     # configuration, as a VM image's /etc/environment would set it; no behaviour under test
     # depends on it.
-    cluster = emulated_hosts.EmulatedHosts.up(2, owner_pid=os.getpid())
+    cluster = hosts_up(2, "tests/distributed/test_hosts.py")
     try:
         cluster.env.update({k: v for k, v in os.environ.items()
                             if k.startswith(("JAX_COMPILATION_CACHE", "JAX_PERSISTENT_CACHE"))})

@@ -25,7 +25,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from asyncrl.distributed import weight_shards as ws
 from benchmarks import shard_cluster as sc
-from tests.distributed.test_hosts import emulated_hosts
+from tests.distributed.test_hosts import hosts_up
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FANOUT = 2  # the trainer serves each version to at most two hosts
@@ -131,11 +131,7 @@ def test_the_relay_tree_bounds_what_the_trainer_serves():
 
 @pytest.fixture(scope="module")
 def cluster():
-    try:
-        emulated_hosts.require_root_and_ip()
-    except RuntimeError as error:
-        pytest.fail(f"{__file__} needs root and iproute2: {error}")
-    hosts = emulated_hosts.EmulatedHosts.up(5, owner_pid=os.getpid())
+    hosts = hosts_up(5, "tests/distributed/test_weight_shards.py")
     nodes = []
     try:
         def on(host):
