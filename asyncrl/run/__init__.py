@@ -22,6 +22,7 @@ import logging
 import pathlib
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 import jax
@@ -126,9 +127,10 @@ def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str,
             # syncing to it would otherwise stall inside its pull until the step is done.
             state = jax.block_until_ready(state)
             step += 1
+            started = time.perf_counter()
             params = group.host_params(state, step)
             if lead:
-                lead.trained(step, metrics, params)
+                lead.trained(step, metrics, params, time.perf_counter() - started)
             if (step % (c.checkpoint.every_steps or c.train.steps) == 0 and step < c.train.steps
                     and group.agree(not stop.is_set())):
                 group.save(state, lead.checkpointing() if lead else None)
@@ -222,12 +224,16 @@ class Lead:
                                                    self.rollouts.max_len)
         return self.train_batch
 
-    def trained(self, step: int, metrics, params) -> None:
-        """Step `step` is trained: its figures, its weights published, maybe evaluated."""
+    def trained(self, step: int, metrics, params, staged_s: float = 0.0) -> None:
+        """Step `step` is trained: its weights published, its figures, maybe evaluated.
+        `staged_s`: what getting its weights out of the trainer took (a gather, or staging
+        the shards), which `publish_s` adds to the publish."""
+        started = time.perf_counter()
+        self.rollouts.publish(step, params)
         figures = describe_batch(self.batch, self.train_batch, self.stated)
+        figures["publish_s"] = staged_s + time.perf_counter() - started
         self.record.batch(step, figures)
         self._nothing_to_learn(step, self.signal.update(step, figures), metrics)
-        self.rollouts.publish(step, params)
         if self.c.eval.every_steps and step % self.c.eval.every_steps == 0 and step < self.c.train.steps:
             self.record.evaluating(step)
             submit_evaluation(self.background, self.rollouts, step, self.arrays(params))
