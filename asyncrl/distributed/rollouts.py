@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import time
 
 import jax
@@ -129,6 +130,11 @@ class RayInstances:
                 kwargs = {"host": c.distributed.transfer_host}
             elif name == "shards":  # every trainer process serves its own (shard_service)
                 kwargs = {"offer_timeout_s": c.distributed.pull_timeout_s}
+            else:  # the fallback: said, since across hosts it is the slow path
+                print(f"weights: {name} (distributed.transport = {c.distributed.transport!r}): "
+                      f"process 0 gathers the model and sends it from one copy each version; "
+                      f"distributed.transport = 'shards' has every trainer process serve its "
+                      f"own shards instead", file=sys.stderr, flush=True)
             self.publisher = WeightPublisher(make_sender(name, layout, **kwargs))
         except BaseException:
             self.cluster.close()
