@@ -361,22 +361,39 @@ def pull_buckets(holder: ShardHolder, offers: list[tuple[str, dict[int, int]]], 
                  timeout_s: float = 120.0, on_bucket=None) -> dict[int, jax.Array]:
     """Every bucket `offers` names ((address, {bucket: uuid}) per holder), onto `device`
     through `holder`'s transfer server, each checked (`verify`) as it arrives and added to
-    `have`. A holder that fails or goes silent (each bucket waited for at most `timeout_s`)
-    raises; `have` keeps what arrived, so the rest can be pulled from another holder."""
+    `have`. The holders are pulled from at once (a thread each), each one's buckets in turn.
+    A holder that fails or goes silent (each bucket waited for at most `timeout_s`) raises
+    once the others are done; `have` keeps what arrived, so the rest can be pulled from
+    another holder."""
     sharding = jax.sharding.SingleDeviceSharding(device)
     have = {} if have is None else have
-    for address, ids in offers:
-        connection = holder.connect(address) if ids else None
-        for bucket_id, uuid in ids.items():
-            aval = jax.ShapeDtypeStruct((layout.buckets[bucket_id].size,), jnp.uint8,
-                                        sharding=sharding)
-            what = f"bucket {bucket_id} of version {version} from {address}"
-            bucket = watched(lambda: jax.block_until_ready(connection.pull(uuid, [aval])[0]),
-                             timeout_s, what)
-            verify(bucket, layout, bucket_id, version, address)
-            have[bucket_id] = bucket
-            if on_bucket is not None:
-                on_bucket(bucket_id)
+    lock, errors = threading.Lock(), []
+
+    def from_holder(address: str, ids: dict[int, int]) -> None:
+        try:
+            connection = holder.connect(address)
+            for bucket_id, uuid in ids.items():
+                aval = jax.ShapeDtypeStruct((layout.buckets[bucket_id].size,), jnp.uint8,
+                                            sharding=sharding)
+                what = f"bucket {bucket_id} of version {version} from {address}"
+                bucket = watched(lambda: jax.block_until_ready(connection.pull(uuid, [aval])[0]),
+                                 timeout_s, what)
+                verify(bucket, layout, bucket_id, version, address)
+                with lock:
+                    have[bucket_id] = bucket
+                    if on_bucket is not None:
+                        on_bucket(bucket_id)
+        except BaseException as error:  # raised on the caller's thread below
+            errors.append(error)
+
+    threads = [threading.Thread(target=from_holder, args=(address, ids), daemon=True,
+                                name=f"pull from {address}") for address, ids in offers if ids]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
     return have
 
 
