@@ -23,7 +23,7 @@ class Node:
     """One shard_node.py process; `popen(argv, env, **kwargs)` starts it (on a host)."""
 
     def __init__(self, popen, name: str, address: str, role: str, *args: str):
-        self.name, self.host = name, name
+        self.name = name
         self.process = popen([sys.executable, NODE, role, f"--host={address}", *args],
                              {"PYTHONPATH": str(ROOT)}, stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
