@@ -332,22 +332,28 @@ class ShardHolder:
 
     def abandoned(self, uuids) -> None:
         """A puller gave these up: pull them here, which is what drops the server's reference
-        (an offer cannot be withdrawn). A drain that hangs is left to its daemon thread."""
+        (an offer cannot be withdrawn). All at once, waited for `drain_timeout_s` in all: one
+        its puller took after all (it died mid-pull) never completes, and is left to its
+        daemon thread (logged) without holding up the others."""
         connection = self.connect(self.address)
         with self._lock:
             taken = [(u, self._out[u]) for u in uuids if u in self._out]
             buckets = [self._versions[v][b] for _, (v, b, _) in taken]
-        if taken:
-            device = jax.devices()[0]
-            avals = [jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                          sharding=jax.sharding.SingleDeviceSharding(device))
-                     for a in buckets]
-            for (uuid, _), aval in zip(taken, avals):
-                try:
-                    watched(lambda: jax.block_until_ready(connection.pull(uuid, [aval])),
-                            self.drain_timeout_s, f"draining offer {uuid} at {self.address}")
-                except Exception as error:  # taken after all (its puller was mid-pull)
-                    log.warning("weight shards: %s", error)
+        sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        threads = []
+        for (uuid, _), bucket in zip(taken, buckets):
+            aval = jax.ShapeDtypeStruct(bucket.shape, bucket.dtype, sharding=sharding)
+            threads.append(threading.Thread(
+                target=lambda uuid=uuid, aval=aval: jax.block_until_ready(
+                    connection.pull(uuid, [aval])),
+                daemon=True, name=f"drain offer {uuid}"))
+            threads[-1].start()
+        deadline = time.monotonic() + self.drain_timeout_s
+        for (uuid, _), thread in zip(taken, threads):
+            thread.join(max(deadline - time.monotonic(), 0.0))
+            if thread.is_alive():
+                log.warning("weight shards: offer %d at %s not drained in %.0f s (its puller "
+                            "took it after all?)", uuid, self.address, self.drain_timeout_s)
         self.pulled([u for u, _ in taken])
 
     def close(self) -> None:

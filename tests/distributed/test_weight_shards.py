@@ -16,6 +16,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +114,17 @@ def test_an_offer_no_one_pulls_is_drained_and_staging_keeps_one_version(four):
     assert holder.staged_bytes() == one and holder.holds(2) and not holder.holds(1)
     holder.stage(3, ws.stage_buckets(layout, 3, leaves))
     assert holder.staged_bytes() == one  # nothing out: the new version replaces the old
+    # A puller that died mid-pull took one of its offers: draining that one would wait for
+    # ever, so it is given up after the drain timeout and the others are still drained.
+    holder.drain_timeout_s = 2.0
+    offers = holder.offer(3, layout.bucket_ids(), "a puller that died mid-pull")
+    taken = layout.bucket_ids()[0]
+    ws.pull_buckets(holder, [(holder.address, {taken: offers[taken]})], layout, 3,
+                    jax.devices()[1])
+    holder.stage(4, ws.stage_buckets(layout, 4, leaves))
+    start = time.monotonic()
+    holder.abandoned(list(offers.values()))
+    assert time.monotonic() - start < 30 and holder.staged_bytes() == one
 
 
 def test_the_relay_tree_bounds_what_the_trainer_serves():
