@@ -50,21 +50,21 @@ _NAMES = {BATCH: "next batch", STEP: "train step", PARAMS: "weight gather",
           FAIL: "stop (process 0 failed)"}
 
 
-def shard_settings(c) -> dict | None:
-    """What `TrainerGroup` needs to serve weights where they live, or None when the run
-    moves them otherwise: the address this process serves on (the configured transfer host
-    on process 0 or on one machine, else this node's address) and the policy's dtype."""
+def shard_settings(distributed, policy_dtype: str) -> dict | None:
+    """What `TrainerGroup` needs to serve weights where they live (`distributed`: the run's
+    config.distributed), or None when the run moves them otherwise: the address this process
+    serves on (the configured transfer host on process 0 or on one machine, else this node's
+    address) and the dtype the policy computes in."""
     from asyncrl.distributed import transport_name
 
-    if transport_name(c.distributed) != "shards":
+    if transport_name(distributed) != "shards":
         return None
-    host = c.distributed.transfer_host
+    host = distributed.transfer_host
     if jax.process_index() != 0 and host not in ("127.0.0.1", "localhost", "::1"):
         import ray
 
         host = ray.util.get_node_ip_address()
-    return {"host": host, "dtype": c.model.param_dtype,
-            "timeout_s": c.distributed.pull_timeout_s}
+    return {"host": host, "dtype": policy_dtype, "timeout_s": distributed.pull_timeout_s}
 
 
 class TrainerGroupError(RuntimeError):

@@ -106,7 +106,7 @@ def _run(c, workdir: pathlib.Path, stop: threading.Event, on_built) -> dict[str,
     # The trainer holds its own copy now. Kept, the loaded weights would stay resident for
     # the whole run (on a CPU host, 0.5 GB of the default run's memory).
     policy.params = None
-    group = TrainerGroup(trainer, ckpt, shard_settings(c))
+    group = TrainerGroup(trainer, ckpt, shard_settings(c.distributed, c.model.param_dtype))
     step = int(jax.device_get(state.step))  # from here on the step lives on the host
     if lead is None:  # the console's one line from this process: where it began
         print(f"trainer group process {jax.process_index()}: {source}; following process 0",
