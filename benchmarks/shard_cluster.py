@@ -78,6 +78,15 @@ class Node:
         self.process.wait(30)
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (the trainer group's coordinator)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def start_trainers(popens, names: list[str], addresses: list[str], coordinator: str,
                    *args: str) -> list[Node]:
     """The two trainer processes, started together (each waits for the other to join);

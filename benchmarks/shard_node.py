@@ -149,13 +149,13 @@ def trainer() -> None:
             master = jax.block_until_ready(build(command["version"]))
             start = time.perf_counter()  # what the trainer's thread waits for
             if service is not None:
-                service.stage(command["version"], master)
+                buckets = service.stage(command["version"], master)
             else:
                 holder.retire()
-                holder.stage(command["version"],
-                             ws.stage_buckets(layout, command["version"], master))
+                buckets = ws.stage_buckets(layout, command["version"], master)
+                holder.stage(command["version"], buckets)
             blocked = time.perf_counter() - start
-            jax.block_until_ready(list(holder._versions[command["version"]].values()))
+            jax.block_until_ready(list(buckets.values()))
             say(staged=command["version"], staged_bytes=holder.staged_bytes(), blocked_s=blocked)
         elif command["cmd"] == "gather":
             from asyncrl.distributed.trainer_group import gather_to_lead

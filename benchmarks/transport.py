@@ -32,8 +32,9 @@ trainer's path) and process 0 serves all of it. Per receiver count: seconds unti
 receiver holds the version, GB/s per receiver (its own pull) and in aggregate, the seconds
 the trainer's thread is blocked per push (shards: staging dispatched, then offered on
 request; gather: the gather and the host copy). `uploads_per_version`: how many times a
-trainer process served each of its buckets when three receivers pull down the relay tree
-(fanout 2). CPU figures: loopback sockets, no network between hosts.
+trainer process offered each of its buckets when three receivers pull down the relay tree
+(fanout 2); every offer is pulled (each receiver answers ok only with every bucket checked),
+so offers are uploads. CPU figures: loopback sockets, no network between hosts.
 
 The last line is JSON: {"bytes": …, "dtype": …, "receivers": …, "platform": …, "device_kind": …,
 "copy_bytes_per_s": …, "transports": {name: {"bytes_per_s": …, "ratio_to_copy": …, "stage_s": …,
@@ -150,7 +151,6 @@ def remote(name: str, host: list[np.ndarray], repeats: int, receivers: int) -> t
 
 def shard_figures(rows: int, counts: list[int], repeats: int) -> dict:
     """The `--shards` figures (module docstring)."""
-    import socket
     import subprocess
 
     from benchmarks import shard_cluster as sc
@@ -158,12 +158,9 @@ def shard_figures(rows: int, counts: list[int], repeats: int) -> dict:
     def popen(argv, env, **kwargs):
         return subprocess.Popen(argv, env={**os.environ, **env}, **kwargs)
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     loop = "127.0.0.1"
     trainers = sc.start_trainers([popen, popen], ["trainer0", "trainer1"], [loop, loop],
-                                 f"{loop}:{port}", f"--rows={rows}")
+                                 f"{loop}:{sc.free_port()}", f"--rows={rows}")
     receivers = [sc.Node(popen, f"receiver{i}", loop, "rollout")
                  for i in range(max(*counts, 3))]
     nodes = [*trainers, *receivers]

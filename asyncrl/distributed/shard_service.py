@@ -108,11 +108,14 @@ class ShardService:
                                             name=f"weight shards of process {self.process}")
             self._thread.start()
 
-    def stage(self, version: int, leaves) -> None:
+    def stage(self, version: int, leaves) -> dict[int, jax.Array]:
         """This process's buckets of `leaves` as `version`, after retiring what no offer is
-        out for (one staged version beside the trainer's own shards)."""
+        out for (one staged version beside the trainer's own shards); the buckets, their
+        staging dispatched."""
         self.holder.retire()
-        self.holder.stage(version, ws.stage_buckets(self.layout, version, jax.tree.leaves(leaves)))
+        buckets = ws.stage_buckets(self.layout, version, jax.tree.leaves(leaves))
+        self.holder.stage(version, buckets)
+        return buckets
 
     # ---------------------------------------------------------------- every owner
 

@@ -151,7 +151,7 @@ def cluster():
 
         address = lambda i: hosts.host(f"h{i}").address  # noqa: E731
         trainers = sc.start_trainers([on("h0"), on("h1")], ["h0", "h1"], [address(0), address(1)],
-                                     f"{address(0)}:{_free_port()}")
+                                     f"{address(0)}:{sc.free_port()}")
         nodes += trainers
         # h4 pauses after each bucket it pulls: the relay test kills its holder meanwhile.
         rollouts = [sc.Node(on(f"h{i}"), f"h{i}", address(i), "rollout", "--timeout-s=10",
@@ -162,14 +162,6 @@ def cluster():
         for node in nodes:
             node.close()
         hosts.down()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_every_rollout_host_gets_the_trainers_weights_and_no_trainer_process_holds_the_model(
@@ -215,14 +207,16 @@ def test_a_relay_lost_mid_pull_its_child_resumes_from_another_holder_and_the_hos
                         layout=trainers[0].ready["layout"])["ok"]
         sc.acknowledge(everyone, offers)
     offers = sc.holder_offers(first, layout, version, child.name)
-    child.send(cmd="pull", version=version, offers=offers)
+    # Each pull names the layout: this test may run on another worker than the one before.
+    child.send(cmd="pull", version=version, offers=offers, layout=trainers[0].ready["layout"])
     assert "got" in child.next(skip_progress=False)  # one bucket in, then its holder dies
     hosts.kill(first.name)
     failed = child.next(timeout_s=60)
     assert failed["ok"] is False and 0 < len(failed["missing"]) < len(layout.buckets), failed
     # The rest from the other holder of the version; the trainer serves nothing more.
     rest = sc.holder_offers(second, layout, version, child.name, set(failed["missing"]))
-    assert child.ask(cmd="pull", version=version, offers=rest)["ok"]
+    assert child.ask(cmd="pull", version=version, offers=rest,
+                     layout=trainers[0].ready["layout"])["ok"]
     sc.acknowledge(everyone, rest)
     for process, node in enumerate(trainers):
         assert node.ask(cmd="stats")["served"][str(version)] == \
@@ -243,7 +237,7 @@ def test_process_0_answers_for_the_group_through_its_key_value_store():
 
     loop = "127.0.0.1"
     trainers = sc.start_trainers([popen, popen], ["p0", "p1"], [loop, loop],
-                                 f"{loop}:{_free_port()}", "--rows=256", "--bucket-mb=0.25",
+                                 f"{loop}:{sc.free_port()}", "--rows=256", "--bucket-mb=0.25",
                                  "--service")
     receiver = sc.Node(popen, "receiver", loop, "rollout")
     try:
